@@ -1,0 +1,572 @@
+#include "backends/tcp/client.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/futex.h"
+#include "common/hello.h"
+#include "common/log.h"
+#include "common/op_text.h"
+#include "common/strings.h"
+
+namespace rdmabuf::tcp {
+namespace {
+
+// Replies are read into this buffer in bulk, except large read payloads,
+// which are received straight into the destination.
+constexpr size_t kRxBytes = 256 << 10;
+// Encoding stops while this many arena bytes are waiting to be sent.
+constexpr size_t kTxHighWater = 256 << 10;
+// The arena's sent prefix is dropped once it is this large.
+constexpr size_t kTxCompactAt = 1 << 20;
+// Write payloads up to this size are copied next to their header (one
+// syscall for many small writes); larger ones are sent from local memory.
+constexpr uint64_t kInlineWrite = 16 << 10;
+// Read payloads with at least this much left are received straight into
+// local memory; smaller remainders go through the rx buffer.
+constexpr uint64_t kDirectRecvMin = 16 << 10;
+constexpr int kMaxIov = 64;
+constexpr size_t kMaxSegments = 1024;
+constexpr size_t kScratchBytes = 64 << 10;
+// Load counted per request on top of its bytes, so that many tiny ops spread.
+constexpr uint64_t kRequestCost = 256;
+// Batches to one peer smaller than this stay on one stream: splitting them
+// costs more in wake-ups than it gains in parallelism.
+constexpr uint64_t kSpreadBytes = 256 << 10;
+// Longest a stream waits to connect, whatever the ops' deadlines.
+constexpr auto kConnectCap = std::chrono::seconds(30);
+
+alignas(64) const uint8_t kZeros[64 << 10] = {};
+
+std::string owner_refused(uint8_t code) {
+  switch (static_cast<StatusCode>(code)) {
+    case StatusCode::kNotFound:
+      return "the owner does not have this buffer (released, or never registered)";
+    case StatusCode::kPermissionDenied:
+      return "the owner refused the handle's token";
+    case StatusCode::kInvalidArgument:
+      return "the owner found the range out of bounds";
+    default:
+      return "the owner failed to serve the request";
+  }
+}
+
+}  // namespace
+
+Stream::Stream(const PeerContext* peer, int index) : peer_(peer), index_(index) {
+  auto fd = make_eventfd();
+  if (fd.ok()) wake_fd_ = std::move(fd).value();
+}
+
+Stream::~Stream() {
+  stop();
+}
+
+void Stream::enqueue(std::vector<Chunk>& chunks, uint64_t cost) {
+  load_.fetch_add(cost, std::memory_order_relaxed);
+  std::unique_lock lock(mu_);
+  if (stopped_) {
+    lock.unlock();
+    for (Chunk& c : chunks)
+      finish(c, Cancelled("the manager is shutting down"));
+    chunks.clear();
+    return;
+  }
+  for (Chunk& c : chunks)
+    incoming_.push_back(std::move(c));
+  chunks.clear();
+  has_incoming_.store(true, std::memory_order_seq_cst);
+  if (!running_) {
+    if (thread_.joinable()) thread_.join();  // it has exited; reap it
+    running_ = true;
+    thread_ = std::thread([this] { run(); });
+    return;
+  }
+  lock.unlock();
+  if (sleeping_.load(std::memory_order_seq_cst)) signal_eventfd(wake_fd_.get());
+}
+
+void Stream::stop() {
+  std::thread joining;
+  {
+    std::lock_guard lock(mu_);
+    stopped_ = true;
+    joining = std::move(thread_);
+  }
+  if (joining.joinable()) {
+    signal_eventfd(wake_fd_.get());
+    joining.join();
+  }
+  // Chunks enqueued while the thread was exiting.
+  std::vector<Chunk> left;
+  {
+    std::lock_guard lock(mu_);
+    left.swap(incoming_);
+  }
+  for (Chunk& c : left)
+    finish(c, Cancelled("the manager is shutting down"));
+}
+
+bool Stream::take_incoming() {
+  if (!has_incoming_.load(std::memory_order_acquire)) return false;
+  std::vector<Chunk> taken;
+  {
+    std::lock_guard lock(mu_);
+    taken.swap(incoming_);
+    has_incoming_.store(false, std::memory_order_relaxed);
+  }
+  for (Chunk& c : taken)
+    pending_.push_back(std::move(c));
+  return !taken.empty();
+}
+
+bool Stream::try_exit() {
+  std::lock_guard lock(mu_);
+  if (!incoming_.empty()) return false;
+  running_ = false;
+  return true;
+}
+
+void Stream::run() {
+  if (!rx_) {
+    rx_.reset(new uint8_t[kRxBytes]);
+    scratch_.reset(new uint8_t[kScratchBytes]);
+  }
+  BusyPoll poll(peer_->busy_poll);
+  while (!peer_->stopping->load(std::memory_order_acquire)) {
+    bool progressed = take_incoming();
+    if (!sock_.valid()) {
+      if (pending_.empty()) {
+        if (try_exit()) return;
+        continue;
+      }
+      connect();
+      poll.activity();
+      continue;
+    }
+    progressed |= pump_send();
+    if (sock_.valid()) progressed |= pump_recv();
+    if (!sock_.valid()) continue;
+    if (progressed) {
+      poll.activity();
+      continue;
+    }
+    if (poll.spin()) continue;
+    sleep_until_ready();
+  }
+  take_incoming();
+  fail_all(StatusCode::kCancelled, "the manager is shutting down");
+  std::lock_guard lock(mu_);
+  running_ = false;
+}
+
+void Stream::connect() {
+  // Wait as long as the most patient op, within a cap.
+  Deadline latest = Clock::now();
+  for (const Chunk& c : pending_)
+    latest = std::max(latest, c.transfer->deadline());
+  Deadline deadline = std::min(latest, Clock::now() + kConnectCap);
+  auto fd = connect_tcp(peer_->address, deadline, peer_->stop_fd);
+  if (!fd.ok()) {
+    fail_all(fd.status().code(), fd.status().message());
+    return;
+  }
+  Hello hello{Channel::kTcpData, peer_->self_id, peer_->owner_id};
+  auto server = exchange_hello(fd->get(), hello, deadline, peer_->stop_fd);
+  if (!server.ok()) {
+    fail_all(server.status().code(),
+             "owner at " + peer_->address.to_string() + ": " + server.status().message());
+    return;
+  }
+  sock_ = std::move(fd).value();
+  rx_begin_ = rx_end_ = 0;
+  in_payload_ = false;
+  last_io_ = Clock::now();
+  RDMABUF_LOG_DEBUG("tcp stream " + std::to_string(index_) + " connected to " +
+                    peer_->address.to_string());
+}
+
+void Stream::finish(Chunk& chunk, const Status& status) {
+  load_.fetch_sub(chunk.cost, std::memory_order_relaxed);
+  chunk.transfer->complete_part(chunk.op, status);
+  chunk.transfer.reset();
+}
+
+void Stream::fail_all(StatusCode code, const std::string& why) {
+  if (sock_.valid()) {
+    RDMABUF_LOG_INFO("tcp stream " + std::to_string(index_) + " to " + peer_->address.to_string() +
+                     " closed: " + why);
+  }
+  segs_.clear();
+  tx_.clear();
+  tx_head_ = 0;
+  rx_begin_ = rx_end_ = 0;
+  in_payload_ = false;
+  sock_.reset();
+  // Segments are gone, so nothing refers to the chunks' memory any more.
+  for (auto* queue : {&inflight_, &pending_}) {
+    for (Chunk& c : *queue) {
+      if (c.transfer->cancelled()) {
+        finish(c, Status(code, why));  // ignored by the transfer; no message to build
+      } else {
+        finish(c, Status(code, describe_op(c.transfer->op(c.op)) + ": " + why));
+      }
+    }
+    queue->clear();
+  }
+}
+
+// --- sending ------------------------------------------------------------------
+
+void Stream::encode() {
+  if (tx_head_ >= kTxCompactAt) {
+    tx_.erase(tx_.begin(), tx_.begin() + static_cast<ptrdiff_t>(tx_head_));
+    tx_head_ = 0;
+  }
+  auto append_arena = [this](size_t bytes) {
+    if (!segs_.empty() && segs_.back().external == nullptr) {
+      segs_.back().size += bytes;
+    } else {
+      segs_.push_back(TxSegment{nullptr, nullptr, bytes, 0});
+    }
+  };
+  while (!pending_.empty() && tx_.size() - tx_head_ < kTxHighWater && segs_.size() < kMaxSegments) {
+    Chunk& c = pending_.front();
+    if (c.transfer->cancelled()) {  // never sent: nothing to drain
+      finish(c, Cancelled("cancelled before it was sent"));
+      pending_.pop_front();
+      continue;
+    }
+    const Op& op = c.transfer->op(c.op);
+    RequestHeader h{};
+    h.kind = static_cast<uint8_t>(c.kind);
+    h.request_id = next_request_id_;
+    h.buffer_id = op.remote.id();
+    std::memcpy(h.token, op.remote.token().data(), sizeof h.token);
+    h.offset = c.remote_offset;
+    h.length = c.length;
+    bool inline_write = c.kind == RequestKind::kWrite && c.length <= kInlineWrite;
+    if (inline_write && !c.transfer->begin_touch()) {
+      finish(c, Cancelled("cancelled before it was sent"));
+      pending_.pop_front();
+      continue;
+    }
+    size_t at = tx_.size();
+    tx_.resize(at + sizeof h + (inline_write ? c.length : 0));
+    std::memcpy(tx_.data() + at, &h, sizeof h);
+    if (inline_write) {
+      std::memcpy(tx_.data() + at + sizeof h, c.local, c.length);
+      c.transfer->end_touch();
+    }
+    append_arena(tx_.size() - at);
+    ++next_request_id_;
+    c.request_id = h.request_id;
+    const bool external_write = c.kind == RequestKind::kWrite && !inline_write;
+    if (inflight_.empty()) last_io_ = Clock::now();  // the stall clock starts now
+    inflight_.push_back(std::move(c));
+    pending_.pop_front();
+    if (external_write) {
+      Chunk& placed = inflight_.back();
+      placed.payload_unsent = true;
+      segs_.push_back(TxSegment{placed.local, &placed, placed.length, 0});
+    }
+  }
+}
+
+void Stream::advance_tx(size_t sent) {
+  while (sent > 0) {
+    TxSegment& seg = segs_.front();
+    size_t n = std::min(sent, seg.size - seg.done);
+    seg.done += n;
+    sent -= n;
+    if (seg.external == nullptr) tx_head_ += n;
+    if (seg.done == seg.size) {
+      if (seg.chunk) seg.chunk->payload_unsent = false;
+      segs_.pop_front();
+    }
+  }
+  if (tx_head_ == tx_.size()) {
+    tx_.clear();
+    tx_head_ = 0;
+  }
+}
+
+bool Stream::pump_send() {
+  bool progressed = false;
+  encode();
+  while (!segs_.empty()) {
+    iovec iov[kMaxIov];
+    TransferState* touched[kMaxIov];
+    int n = 0, ntouched = 0;
+    size_t arena_at = tx_head_;
+    for (TxSegment& seg : segs_) {
+      if (n == kMaxIov) break;
+      size_t left = seg.size - seg.done;
+      if (seg.external == nullptr) {
+        iov[n++] = {tx_.data() + arena_at, left};
+        arena_at += left;
+      } else if (seg.chunk->transfer->begin_touch()) {
+        touched[ntouched++] = seg.chunk->transfer.get();
+        iov[n++] = {const_cast<std::byte*>(seg.external) + seg.done, left};
+      } else {
+        // Cancelled mid-payload: the header promised `size` bytes, so keep
+        // the stream framed with zeros instead of the caller's memory. The
+        // remote range of a failed write is unspecified.
+        iov[n++] = {const_cast<uint8_t*>(kZeros), std::min(left, sizeof kZeros)};
+        break;
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t sent = ::sendmsg(sock_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    int err = errno;
+    for (int i = 0; i < ntouched; ++i)
+      touched[i]->end_touch();
+    if (sent < 0) {
+      if (err == EAGAIN || err == EWOULDBLOCK) break;
+      if (err == EINTR) continue;
+      broken("connection to " + peer_->address.to_string() + " lost: " + errno_text(err));
+      return true;
+    }
+    progressed = true;
+    last_io_ = Clock::now();
+    advance_tx(static_cast<size_t>(sent));
+    encode();
+  }
+  return progressed;
+}
+
+// --- receiving ----------------------------------------------------------------
+
+bool Stream::fill_rx(size_t limit) {
+  if (rx_begin_ == rx_end_) {
+    rx_begin_ = rx_end_ = 0;
+  } else if (rx_begin_ > 0 && kRxBytes - rx_end_ < sizeof(ResponseHeader)) {
+    std::memmove(rx_.get(), rx_.get() + rx_begin_, rx_end_ - rx_begin_);
+    rx_end_ -= rx_begin_;
+    rx_begin_ = 0;
+  }
+  size_t want = std::min(kRxBytes - rx_end_, limit);
+  ssize_t n = ::recv(sock_.get(), rx_.get() + rx_end_, want, MSG_DONTWAIT);
+  if (n > 0) {
+    rx_end_ += static_cast<size_t>(n);
+    last_io_ = Clock::now();
+    return true;
+  }
+  if (n == 0) {
+    broken("connection to " + peer_->address.to_string() + " closed by the owner");
+  } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    broken("connection to " + peer_->address.to_string() + " lost: " + errno_text(errno));
+  }
+  return false;
+}
+
+void Stream::on_response(const ResponseHeader& h) {
+  if (inflight_.empty()) {
+    protocol_error("owner at " + peer_->address.to_string() + " sent an unrequested reply");
+    return;
+  }
+  Chunk& c = inflight_.front();
+  if (h.request_id != c.request_id || h.kind != (static_cast<uint8_t>(c.kind) | kResponseBit) ||
+      h.reserved0 != 0 || h.reserved1 != 0 || !is_response_status(h.status)) {
+    protocol_error("owner at " + peer_->address.to_string() + " sent a malformed reply");
+    return;
+  }
+  if (h.status != 0) {
+    if (h.payload != 0 || c.payload_unsent) {
+      protocol_error("owner at " + peer_->address.to_string() + " sent a malformed reply");
+      return;
+    }
+    Status st = c.transfer->cancelled()
+                    ? Status(static_cast<StatusCode>(h.status), "")
+                    : Status(static_cast<StatusCode>(h.status),
+                             describe_op(c.transfer->op(c.op)) + ": " + owner_refused(h.status));
+    finish(c, st);
+    inflight_.pop_front();
+    return;
+  }
+  if (c.kind == RequestKind::kRead) {
+    if (h.payload != c.length) {
+      protocol_error("owner at " + peer_->address.to_string() + " sent a reply of the wrong size");
+      return;
+    }
+    c.moved = 0;
+    in_payload_ = true;
+    return;
+  }
+  // A write's reply may only come once its whole payload has been sent: the
+  // owner reads the payload first. Anything else would let us release the
+  // caller's memory while a send still reads it.
+  if (h.payload != 0 || c.payload_unsent) {
+    protocol_error("owner at " + peer_->address.to_string() + " replied to an unfinished write");
+    return;
+  }
+  finish(c, Status::Ok());
+  inflight_.pop_front();
+}
+
+// Moves payload bytes of the read at the front; true on progress.
+bool Stream::read_payload() {
+  Chunk& c = inflight_.front();
+  uint64_t left = c.length - c.moved;
+  size_t buffered = rx_end_ - rx_begin_;
+  if (buffered > 0) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(buffered, left));
+    if (c.transfer->begin_touch()) {
+      std::memcpy(c.local + c.moved, rx_.get() + rx_begin_, n);
+      c.transfer->end_touch();
+    }
+    rx_begin_ += n;
+    c.moved += n;
+  } else if (left >= kDirectRecvMin) {
+    ssize_t n;
+    int err;
+    if (c.transfer->begin_touch()) {
+      n = ::recv(sock_.get(), c.local + c.moved, left, MSG_DONTWAIT);
+      err = errno;
+      c.transfer->end_touch();
+    } else {  // cancelled: drain the bytes, never into the caller's memory
+      n = ::recv(sock_.get(), scratch_.get(), std::min<uint64_t>(left, kScratchBytes),
+                 MSG_DONTWAIT);
+      err = errno;
+    }
+    if (n == 0) {
+      broken("connection to " + peer_->address.to_string() + " closed by the owner");
+      return true;
+    }
+    if (n < 0) {
+      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) return false;
+      broken("connection to " + peer_->address.to_string() + " lost: " + errno_text(err));
+      return true;
+    }
+    last_io_ = Clock::now();
+    c.moved += static_cast<uint64_t>(n);
+  } else if (!fill_rx(kRxBytes)) {
+    return !sock_.valid();
+  }
+  if (c.moved == c.length) {
+    in_payload_ = false;
+    finish(c, Status::Ok());
+    inflight_.pop_front();
+  }
+  return true;
+}
+
+bool Stream::pump_recv() {
+  bool progressed = false;
+  while (sock_.valid()) {
+    if (in_payload_) {
+      if (!read_payload()) return progressed;
+      progressed = true;
+      continue;
+    }
+    size_t buffered = rx_end_ - rx_begin_;
+    if (buffered >= sizeof(ResponseHeader)) {
+      ResponseHeader h;
+      std::memcpy(&h, rx_.get() + rx_begin_, sizeof h);
+      rx_begin_ += sizeof h;
+      on_response(h);
+      progressed = true;
+      continue;
+    }
+    // Before a large read payload, take just the header so that the payload
+    // can go straight into local memory.
+    size_t limit = kRxBytes;
+    if (!inflight_.empty() && inflight_.front().kind == RequestKind::kRead &&
+        inflight_.front().length >= kDirectRecvMin) {
+      limit = sizeof(ResponseHeader) - buffered;
+    }
+    if (!fill_rx(limit)) return progressed || !sock_.valid();
+    progressed = true;
+  }
+  return progressed;
+}
+
+// --- idling -----------------------------------------------------------------
+
+void Stream::sleep_until_ready() {
+  sleeping_.store(true, std::memory_order_seq_cst);
+  if (has_incoming_.load(std::memory_order_seq_cst)) {
+    sleeping_.store(false, std::memory_order_relaxed);
+    return;
+  }
+  bool outstanding = !inflight_.empty() || !segs_.empty();
+  int timeout_ms = -1;
+  if (outstanding) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        last_io_ + peer_->stall_timeout - Clock::now());
+    timeout_ms = static_cast<int>(std::max<int64_t>(left.count() + 1, 1));
+  }
+  short sock_events = POLLIN | (segs_.empty() ? 0 : POLLOUT);
+  pollfd fds[3] = {
+      {wake_fd_.get(), POLLIN, 0}, {sock_.get(), sock_events, 0}, {peer_->stop_fd, POLLIN, 0}};
+  int rc = ::poll(fds, peer_->stop_fd >= 0 ? 3 : 2, timeout_ms);
+  sleeping_.store(false, std::memory_order_relaxed);
+  if (rc > 0 && (fds[0].revents & POLLIN)) drain_eventfd(wake_fd_.get());
+  if (rc == 0 && outstanding && Clock::now() - last_io_ >= peer_->stall_timeout) {
+    broken("owner at " + peer_->address.to_string() + " stopped responding for " +
+           std::to_string(peer_->stall_timeout.count()) + " ms");
+  }
+}
+
+// --- Peer ---------------------------------------------------------------------
+
+Peer::Peer(PeerContext context, int streams) : context_(std::move(context)) {
+  for (int i = 0; i < streams; ++i)
+    streams_.push_back(std::make_unique<Stream>(&context_, i));
+}
+
+void Peer::submit(const std::shared_ptr<TransferState>& transfer, std::span<const uint32_t> ops,
+                  uint64_t chunk_size) {
+  const size_t n = streams_.size();
+  std::vector<uint64_t> load(n), cost(n);
+  std::vector<std::vector<Chunk>> assigned(n);
+  uint64_t total = 0;
+  for (size_t s = 0; s < n; ++s)
+    load[s] = streams_[s]->load();
+  for (uint32_t i : ops)
+    total += transfer->op(i).bytes();
+  auto least_loaded = [&] {
+    return static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+  };
+  const bool spread = total >= kSpreadBytes;
+  const size_t single = least_loaded();
+  for (uint32_t i : ops) {
+    const Op& op = transfer->op(i);
+    const uint64_t bytes = op.bytes();
+    const uint64_t parts = (bytes + chunk_size - 1) / chunk_size;
+    if (parts > 1) transfer->expect_parts(i, static_cast<uint32_t>(parts));
+    const RequestKind kind =
+        op.kind == OpKind::kReadIntoLocal ? RequestKind::kRead : RequestKind::kWrite;
+    for (uint64_t p = 0; p < parts; ++p) {
+      Chunk c;
+      c.transfer = transfer;
+      c.op = i;
+      c.kind = kind;
+      c.remote_offset = op.remote.offset() + p * chunk_size;
+      c.length = std::min(chunk_size, bytes - p * chunk_size);
+      c.local = op.local.data() + p * chunk_size;
+      c.cost = c.length + kRequestCost;
+      size_t s = spread ? least_loaded() : single;
+      load[s] += c.cost;
+      cost[s] += c.cost;
+      assigned[s].push_back(std::move(c));
+    }
+  }
+  for (size_t s = 0; s < n; ++s) {
+    if (!assigned[s].empty()) streams_[s]->enqueue(assigned[s], cost[s]);
+  }
+}
+
+void Peer::stop() {
+  for (auto& s : streams_)
+    s->stop();
+}
+
+}  // namespace rdmabuf::tcp

@@ -1,0 +1,225 @@
+#include "backends/tcp/server.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/futex.h"
+#include "common/log.h"
+#include "common/wire.h"
+
+namespace rdmabuf::tcp {
+namespace {
+
+constexpr size_t kRxBytes = 256 << 10;
+// Read payloads up to this size are copied into the batched reply buffer;
+// larger ones are sent straight from the registered memory.
+constexpr uint64_t kInlineReply = 16 << 10;
+// Replies are flushed once this many bytes are batched.
+constexpr size_t kTxFlushAt = 256 << 10;
+constexpr size_t kScratchBytes = 64 << 10;
+
+bool tokens_equal(const uint8_t* a, const Token& b) {
+  uint8_t diff = 0;  // constant time: no early exit on the first differing byte
+  for (size_t i = 0; i < b.size(); ++i)
+    diff |= static_cast<uint8_t>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+ServerConnection::ServerConnection(Fd fd, const ServerSettings& settings)
+    : fd_(std::move(fd)),
+      settings_(settings),
+      rx_(new uint8_t[kRxBytes]),
+      scratch_(new uint8_t[kScratchBytes]) {
+  tune_data_socket(fd_.get());
+}
+
+void ServerConnection::abort_pinned_io() {
+  ::shutdown(fd_.get(), SHUT_RDWR);
+}
+
+void ServerConnection::run() {
+  BusyPoll poll(settings_.busy_poll);
+  while (!settings_.stopping->load(std::memory_order_acquire)) {
+    ssize_t n = ::recv(fd_.get(), rx_.get() + rx_end_, kRxBytes - rx_end_, MSG_DONTWAIT);
+    if (n > 0) {
+      rx_end_ += static_cast<size_t>(n);
+      if (!process()) return;
+      poll.activity();
+      continue;
+    }
+    if (n == 0) return;  // the peer closed the connection
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return;
+    if (!flush()) return;
+    if (poll.spin()) continue;
+    // Mid-request, the peer owes us bytes: that wait is bounded. Between
+    // requests the connection may idle for ever.
+    if (rx_end_ > 0) {
+      if (!wait(POLLIN)) return;
+      continue;
+    }
+    pollfd fds[2] = {{fd_.get(), POLLIN, 0}, {settings_.stop_fd, POLLIN, 0}};
+    ::poll(fds, settings_.stop_fd >= 0 ? 2 : 1, -1);
+  }
+}
+
+Status ServerConnection::resolve(const RequestHeader& h, std::byte** at) {
+  if (!pin_.held() || pin_id_ != h.buffer_id || !tokens_equal(h.token, pin_token_)) {
+    pin_.reset();
+    Token token;
+    std::memcpy(token.data(), h.token, token.size());
+    auto pinned = settings_.resolver->pin(h.buffer_id, token, this);
+    if (!pinned.ok()) return pinned.status();
+    pin_ = std::move(pinned).value();
+    pin_id_ = h.buffer_id;
+    pin_token_ = token;
+  }
+  if (!range_fits(h.offset, h.length, pin_.size())) {
+    return InvalidArgument("range out of bounds");
+  }
+  *at = pin_.data() + h.offset;
+  return Status::Ok();
+}
+
+void ServerConnection::append_reply(const RequestHeader& h, StatusCode code, uint64_t payload) {
+  ResponseHeader r{};
+  r.kind = static_cast<uint8_t>(h.kind | kResponseBit);
+  r.status = static_cast<uint8_t>(code);
+  r.request_id = h.request_id;
+  r.payload = payload;
+  size_t at = tx_.size();
+  tx_.resize(at + sizeof r);
+  std::memcpy(tx_.data() + at, &r, sizeof r);
+}
+
+bool ServerConnection::process() {
+  size_t pos = 0;
+  while (rx_end_ - pos >= sizeof(RequestHeader)) {
+    RequestHeader h;
+    std::memcpy(&h, rx_.get() + pos, sizeof h);
+    Status valid = check_request(h);
+    if (!valid.ok()) {
+      RDMABUF_LOG_WARN("tcp: dropping a connection whose peer broke the protocol: " +
+                       valid.message());
+      return false;
+    }
+    pos += sizeof h;
+    std::byte* at = nullptr;
+    Status st = resolve(h, &at);
+    if (h.kind == static_cast<uint8_t>(RequestKind::kRead)) {
+      if (!st.ok()) {
+        append_reply(h, st.code(), 0);
+      } else if (h.length <= kInlineReply) {
+        append_reply(h, StatusCode::kOk, h.length);
+        size_t end = tx_.size();
+        tx_.resize(end + h.length);
+        std::memcpy(tx_.data() + end, at, h.length);
+      } else {
+        if (!flush()) return false;
+        ResponseHeader r{};
+        r.kind = static_cast<uint8_t>(h.kind | kResponseBit);
+        r.request_id = h.request_id;
+        r.payload = h.length;
+        iovec iov[2] = {{&r, sizeof r}, {at, h.length}};
+        if (!send_blocking(iov, 2)) return false;
+      }
+    } else {
+      // The payload follows in full whatever we answer; take it.
+      size_t buffered = static_cast<size_t>(std::min<uint64_t>(rx_end_ - pos, h.length));
+      if (st.ok()) std::memcpy(at, rx_.get() + pos, buffered);
+      pos += buffered;
+      size_t rest = h.length - buffered;
+      if (rest > 0) {
+        bool ok = st.ok() ? recv_blocking(at + buffered, rest) : discard_blocking(rest);
+        if (!ok) return false;
+      }
+      append_reply(h, st.code(), 0);
+    }
+    if (tx_.size() >= kTxFlushAt && !flush()) return false;
+  }
+  // Keep the partial request, if any, at the front.
+  std::memmove(rx_.get(), rx_.get() + pos, rx_end_ - pos);
+  rx_end_ -= pos;
+  drop_pin();
+  // Nothing half-received: reply now rather than after one more recv.
+  if (rx_end_ == 0) return flush();
+  return true;
+}
+
+bool ServerConnection::wait(short events) {
+  Status st = wait_fd(fd_.get(), events, Clock::now() + settings_.stall_timeout, settings_.stop_fd);
+  if (st.code() == StatusCode::kDeadlineExceeded) {
+    RDMABUF_LOG_WARN("tcp: dropping a connection whose peer stalled mid-frame for " +
+                     std::to_string(settings_.stall_timeout.count()) + " ms");
+  }
+  return st.ok();
+}
+
+bool ServerConnection::flush() {
+  if (tx_.empty()) return true;
+  iovec iov{tx_.data(), tx_.size()};
+  bool ok = send_blocking(&iov, 1);
+  tx_.clear();
+  return ok;
+}
+
+bool ServerConnection::send_blocking(iovec* iov, int count) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(count);
+    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+      if (!wait(POLLOUT)) return false;
+      continue;
+    }
+    size_t sent = static_cast<size_t>(n);
+    while (count > 0 && sent >= iov->iov_len) {
+      sent -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + sent;
+      iov->iov_len -= sent;
+    }
+  }
+  return true;
+}
+
+bool ServerConnection::recv_blocking(void* dst, size_t size) {
+  auto* p = static_cast<uint8_t*>(dst);
+  while (size > 0) {
+    ssize_t n = ::recv(fd_.get(), p, size, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    if (!wait(POLLIN)) return false;
+  }
+  return true;
+}
+
+bool ServerConnection::discard_blocking(size_t size) {
+  while (size > 0) {
+    size_t n = std::min(size, kScratchBytes);
+    if (!recv_blocking(scratch_.get(), n)) return false;
+    size -= n;
+  }
+  return true;
+}
+
+}  // namespace rdmabuf::tcp

@@ -1,0 +1,61 @@
+// The owner side of the tcp backend: serves one peer's data stream.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/tcp/protocol.h"
+#include "common/socket.h"
+#include "rdmabuf/backend.h"
+
+namespace rdmabuf::tcp {
+
+struct ServerSettings {
+  BufferResolver* resolver = nullptr;
+  std::chrono::microseconds busy_poll{0};
+  std::chrono::milliseconds stall_timeout{0};
+  const std::atomic<bool>* stopping = nullptr;
+  int stop_fd = -1;
+};
+
+// Serves requests from one connection, in order, until the peer closes it,
+// breaks the protocol, stalls mid-frame for stall_timeout, or the backend
+// shuts down. Every request is checked (token, buffer id, bounds) against
+// the registry; a refused request gets an error reply and the connection
+// goes on. Small replies are batched into one send; large payloads go
+// straight between the socket and the registered memory.
+class ServerConnection final : public PinAbort {
+ public:
+  ServerConnection(Fd fd, const ServerSettings& settings);
+  void run();
+  // Called by release() when it stops waiting for this connection's pin.
+  void abort_pinned_io() override;
+
+ private:
+  bool process();
+  Status resolve(const RequestHeader& h, std::byte** at);
+  void append_reply(const RequestHeader& h, StatusCode code, uint64_t payload);
+  bool flush();
+  bool send_blocking(iovec* iov, int count);
+  bool recv_blocking(void* dst, size_t size);
+  bool discard_blocking(size_t size);
+  bool wait(short events);
+  void drop_pin() { pin_.reset(); }
+
+  Fd fd_;
+  ServerSettings settings_;
+  std::unique_ptr<uint8_t[]> rx_;
+  size_t rx_end_ = 0;
+  std::vector<uint8_t> tx_;
+  // The buffer pinned for the requests being processed, with the id and the
+  // token it was checked against.
+  PinnedRegion pin_;
+  uint64_t pin_id_ = 0;
+  Token pin_token_{};
+  std::unique_ptr<uint8_t[]> scratch_;
+};
+
+}  // namespace rdmabuf::tcp

@@ -1,0 +1,123 @@
+#include "backends/tcp/tcp_backend.h"
+
+#include <sys/socket.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "backends/tcp/client.h"
+#include "backends/tcp/server.h"
+#include "common/hello.h"
+#include "common/op_text.h"
+#include "common/strings.h"
+
+namespace rdmabuf::tcp {
+namespace {
+
+class TcpBackend final : public Backend {
+ public:
+  TcpBackend(const BackendEnv& env, Fd stop_fd) : env_(env), stop_fd_(std::move(stop_fd)) {}
+  ~TcpBackend() override { shutdown(); }
+
+  std::string_view name() const override { return "tcp"; }
+  TransportLevel level() const override { return TransportLevel::kTcp; }
+
+  BackendInfo info() const override {
+    BackendInfo info{"tcp", TransportLevel::kTcp, true, "", {}};
+    info.details.emplace_back("streams per peer", std::to_string(env_.config.tcp_streams));
+    info.details.emplace_back("chunk size", format_bytes(env_.config.chunk_size));
+    return info;
+  }
+
+  Result<BackendContext> register_memory(uint64_t, const LocalMemory&) override {
+    // Readers dial the owner's listener (in the handle); nothing else to say.
+    return BackendContext{"tcp", {}};
+  }
+  void unregister_memory(uint64_t) override {}
+
+  Status can_reach(const RemoteBuffer&) const override { return Status::Ok(); }
+
+  void submit(const std::shared_ptr<TransferState>& transfer,
+              std::span<const uint32_t> indices) override {
+    // Group by owner; almost always there is one.
+    Peer* last = nullptr;
+    uint64_t last_owner = 0;
+    std::vector<uint32_t> run;
+    auto flush = [&] {
+      if (!run.empty()) last->submit(transfer, run, env_.config.chunk_size);
+      run.clear();
+    };
+    for (uint32_t i : indices) {
+      const RemoteBuffer& remote = transfer->op(i).remote;
+      if (!last || remote.owner().manager_id != last_owner) {
+        flush();
+        auto peer = peer_for(remote);
+        if (!peer.ok()) {
+          transfer->fail_op(i, peer.status().with_context(describe_op(transfer->op(i))));
+          last = nullptr;
+          continue;
+        }
+        last = *peer;
+        last_owner = remote.owner().manager_id;
+      }
+      run.push_back(i);
+    }
+    flush();
+  }
+
+  bool claims_channel(uint8_t channel) const override {
+    return channel == static_cast<uint8_t>(Channel::kTcpData);
+  }
+
+  void serve_connection(int fd, uint64_t) override {
+    ServerSettings settings{env_.resolver, env_.config.busy_poll, env_.config.io_stall_timeout,
+                            &stopping_, stop_fd_.get()};
+    ServerConnection connection(Fd(fd), settings);
+    if (stopping_.load()) return;
+    connection.run();
+  }
+
+  void shutdown() override {
+    stopping_.store(true);
+    signal_eventfd(stop_fd_.get());
+    std::lock_guard lock(peers_mu_);
+    for (auto& [id, peer] : peers_)
+      peer->stop();
+  }
+
+ private:
+  Result<Peer*> peer_for(const RemoteBuffer& remote) {
+    std::lock_guard lock(peers_mu_);
+    if (stopping_.load()) return Cancelled("the manager is shutting down");
+    auto it = peers_.find(remote.owner().manager_id);
+    if (it != peers_.end()) return it->second.get();
+    RDMABUF_ASSIGN_OR_RETURN(HostPort address, parse_host_port(remote.owner().address));
+    PeerContext context;
+    context.address = std::move(address);
+    context.owner_id = remote.owner().manager_id;
+    context.self_id = env_.self.manager_id;
+    context.busy_poll = env_.config.busy_poll;
+    context.stall_timeout = env_.config.io_stall_timeout;
+    context.stopping = &stopping_;
+    context.stop_fd = stop_fd_.get();
+    auto peer = std::make_unique<Peer>(std::move(context), env_.config.tcp_streams);
+    Peer* raw = peer.get();
+    peers_.emplace(remote.owner().manager_id, std::move(peer));
+    return raw;
+  }
+
+  BackendEnv env_;
+  Fd stop_fd_;
+  std::atomic<bool> stopping_{false};
+  std::mutex peers_mu_;
+  std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_tcp_backend(const BackendEnv& env) {
+  RDMABUF_ASSIGN_OR_RETURN(Fd stop_fd, make_eventfd());
+  return std::unique_ptr<Backend>(new TcpBackend(env, std::move(stop_fd)));
+}
+
+}  // namespace rdmabuf::tcp

@@ -1,0 +1,30 @@
+#include "common/futex.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+
+namespace rdmabuf {
+
+void futex_wait_until(std::atomic<uint32_t>& word, uint32_t expected, Deadline deadline) {
+  auto left = deadline - Clock::now();
+  if (left <= Clock::duration::zero()) return;
+  // Cap single sleeps so a far deadline never overflows timespec.
+  auto capped = std::min<Clock::duration>(left, std::chrono::hours(1));
+  auto secs = std::chrono::duration_cast<std::chrono::seconds>(capped);
+  timespec ts{static_cast<time_t>(secs.count()),
+              static_cast<long>(
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(capped - secs).count())};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr,
+          0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+}
+
+}  // namespace rdmabuf

@@ -1,0 +1,47 @@
+// The hello that starts every connection to a manager's listener: which
+// channel the connection is for (control plane, tcp data, ...), who is
+// calling, and which manager the caller expects to reach. The listener
+// answers with a status; a non-OK answer is followed by closing. `stop_fd`
+// as in common/socket.h.
+//
+//   hello (24 B):  "RBHI" | u16 version | u8 channel | u8 0 | u64 caller id | u64 expected id
+//   reply (24 B):  "RBOK" | u16 version | u8 status | u8 0 | u64 server id | u32 msg len | u32 0
+//                  then msg len (<= 1024) bytes of message
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "rdmabuf/status.h"
+#include "rdmabuf/transfer.h"
+
+namespace rdmabuf {
+
+enum class Channel : uint8_t {
+  kControl = 1,  // manager-to-manager requests (core)
+  kTcpData = 2,  // the tcp backend's data streams
+};
+
+constexpr uint16_t kProtocolVersion = 1;
+
+struct Hello {
+  Channel channel = Channel::kControl;
+  uint64_t caller_id = 0;
+  // The manager id the caller expects (from a handle); 0 accepts any.
+  uint64_t expected_id = 0;
+};
+
+// Caller side: sends `hello` on `fd`, reads the reply before `deadline`.
+// Returns the server's manager id, or the status it answered with
+// (kNotFound when it is not the expected manager), or kProtocolError when
+// the other end does not speak this protocol.
+Result<uint64_t> exchange_hello(int fd, const Hello& hello, Deadline deadline, int stop_fd = -1);
+
+// Listener side: reads and validates a hello. kProtocolError for bytes that
+// are not an rdmabuf hello or name an unknown version.
+Result<Hello> read_hello(int fd, Deadline deadline, int stop_fd = -1);
+// Listener side: answers a hello.
+Status send_hello_reply(int fd, uint64_t server_id, const Status& status, Deadline deadline,
+                        int stop_fd = -1);
+
+}  // namespace rdmabuf

@@ -1,0 +1,25 @@
+// Facts about this host and process, and secure randomness.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "rdmabuf/status.h"
+
+namespace rdmabuf {
+
+// Identifies this running kernel: its boot id (changes on every boot), or
+// the hostname where /proc does not tell.
+std::string this_host_id();
+
+// Fills `size` bytes from the kernel's CSPRNG (getrandom). Aborts if the
+// kernel cannot supply randomness: tokens must never be predictable.
+void secure_random(void* out, size_t size);
+uint64_t secure_random_u64();
+
+// This host's first non-loopback IPv4 address, for handles minted by a
+// manager that listens on a wildcard address. kUnavailable when there is none.
+Result<std::string> first_non_loopback_ipv4();
+
+}  // namespace rdmabuf

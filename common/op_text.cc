@@ -1,0 +1,16 @@
+#include "common/op_text.h"
+
+#include "common/strings.h"
+
+namespace rdmabuf {
+
+std::string describe_op(const Op& op) {
+  std::string out = op_kind_name(op.kind);
+  out += " of ";
+  out += format_bytes(op.bytes());
+  out += op.kind == OpKind::kReadIntoLocal ? " from " : " to ";
+  out += op.remote.describe();
+  return out;
+}
+
+}  // namespace rdmabuf

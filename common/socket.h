@@ -1,0 +1,93 @@
+// File descriptors and TCP sockets: RAII, address parsing, and the blocking
+// helpers (with deadlines) used for handshakes. The data paths do their own
+// non-blocking I/O on top of these.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "rdmabuf/status.h"
+#include "rdmabuf/transfer.h"
+
+namespace rdmabuf {
+
+// Owns one file descriptor; closes it on destruction.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) reset(std::exchange(other.fd_, -1));
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  // "host:port", with brackets around IPv6 literals.
+  std::string to_string() const;
+};
+
+// Parses "HOST:PORT" or "[V6]:PORT". kInvalidArgument on malformed input.
+Result<HostPort> parse_host_port(std::string_view text);
+
+// strerror(err) as a string.
+std::string errno_text(int err);
+
+// A listening TCP socket bound to `where` (port 0: ephemeral), non-blocking,
+// SO_REUSEADDR, close-on-exec. kUnavailable when it cannot bind.
+Result<Fd> listen_tcp(const HostPort& where, int backlog);
+// The address a socket is bound to.
+Result<HostPort> local_address(int fd);
+// The address of the other end of a connected socket.
+Result<HostPort> peer_address(int fd);
+
+// Connects to `where` before `deadline`. The socket returned is
+// non-blocking, TCP_NODELAY, close-on-exec. kUnavailable on refusal,
+// unreachable hosts or name lookup failure; kDeadlineExceeded on timeout.
+Result<Fd> connect_tcp(const HostPort& where, Deadline deadline, int stop_fd = -1);
+
+// Socket options every rdmabuf data connection gets (no Nagle, large
+// buffers, non-blocking).
+void tune_data_socket(int fd);
+Status set_nonblocking(int fd, bool on);
+
+// Every blocking helper below also watches `stop_fd` (an eventfd that turns
+// readable, and stays so, when its owner shuts down; -1 for none) and
+// returns kCancelled when it fires.
+
+// Waits until `fd` is ready for `events` (POLLIN/POLLOUT) or `deadline`.
+// kDeadlineExceeded on timeout; kUnavailable when the socket errored.
+Status wait_fd(int fd, short events, Deadline deadline, int stop_fd = -1);
+
+// Blocking-with-deadline transfers of exactly `size` bytes on a non-blocking
+// socket. kUnavailable when the peer closes or errors; kDeadlineExceeded.
+Status send_exact(int fd, const void* data, size_t size, Deadline deadline, int stop_fd = -1);
+Status recv_exact(int fd, void* data, size_t size, Deadline deadline, int stop_fd = -1);
+
+// A non-blocking eventfd that can be waited on by the helpers above.
+Result<Fd> make_eventfd();
+// Makes an eventfd readable (adds 1).
+void signal_eventfd(int fd);
+// Resets an eventfd to not readable.
+void drain_eventfd(int fd);
+
+}  // namespace rdmabuf

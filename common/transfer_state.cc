@@ -1,0 +1,222 @@
+// TransferState (the completion and cancellation protocol shared by the
+// manager, the backends and Transfer) and the Transfer handle over it.
+#include <sched.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "common/futex.h"
+#include "common/op_text.h"
+#include "rdmabuf/backend.h"
+#include "rdmabuf/transfer.h"
+
+namespace rdmabuf {
+
+struct TransferState::OpState {
+  std::atomic<uint32_t> parts_left{1};
+  // 0: no error recorded; 1: an error is being written; 2: `status` is final.
+  std::atomic<uint8_t> status_state{0};
+  Status status;
+  std::string backend;
+  std::string note;
+};
+
+TransferState::TransferState(std::vector<Op> ops, Deadline deadline,
+                             std::chrono::microseconds busy_poll)
+    : ops_(std::move(ops)),
+      op_count_(ops_.size()),
+      states_(new OpState[ops_.size()]),
+      deadline_(deadline),
+      busy_poll_(busy_poll),
+      started_(Clock::now()),
+      ops_left_(ops_.size()) {
+  if (op_count_ == 0) finished_.store(1);
+}
+
+TransferState::~TransferState() = default;
+
+void TransferState::expect_parts(size_t index, uint32_t parts) {
+  states_[index].parts_left.store(parts, std::memory_order_relaxed);
+}
+
+void TransferState::record_error(size_t index, const Status& status) {
+  OpState& s = states_[index];
+  uint8_t expected = 0;
+  if (s.status_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    s.status = status;
+    s.status_state.store(2, std::memory_order_release);
+  }
+}
+
+void TransferState::complete_part(size_t index, const Status& status) {
+  if (!status.ok()) record_error(index, status);
+  if (states_[index].parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_op();
+}
+
+void TransferState::fail_op(size_t index, const Status& status) {
+  record_error(index, status);
+  states_[index].parts_left.store(0, std::memory_order_release);
+  finish_op();
+}
+
+void TransferState::finish_op() {
+  if (ops_left_.fetch_sub(1, std::memory_order_acq_rel) == 1) publish();
+}
+
+void TransferState::publish() {
+  if (finished_.exchange(1, std::memory_order_seq_cst) == 0) {
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(finished_);
+  }
+}
+
+void TransferState::set_route(size_t index, std::string_view backend, std::string note) {
+  states_[index].backend = backend;
+  states_[index].note = std::move(note);
+}
+
+bool TransferState::wait_until(Deadline until) {
+  BusyPoll poll(busy_poll_);
+  while (!finished()) {
+    if (Clock::now() >= until) return finished();
+    if (poll.spin()) continue;
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    if (!finished_.load(std::memory_order_seq_cst)) futex_wait_until(finished_, 0, until);
+    sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  return true;
+}
+
+void TransferState::cancel(StatusCode code, std::string_view why) {
+  if (finished()) return;
+  guard_.fetch_or(kCancelledBit, std::memory_order_acq_rel);
+  // Backends touch local memory only inside a begin/end_touch bracket, and
+  // each bracket is one non-blocking syscall or memcpy, so this is short.
+  while (guard_.load(std::memory_order_acquire) & ~kCancelledBit)
+    sched_yield();
+  for (size_t i = 0; i < op_count_; ++i) {
+    OpState& s = states_[i];
+    if (s.parts_left.load(std::memory_order_acquire) > 0) {
+      record_error(i, Status(code, describe_op(ops_[i]) + ": " + std::string(why)));
+    }
+    // Another thread may be writing this op's error; let it finish so that
+    // readers woken by publish() see a complete status.
+    while (s.status_state.load(std::memory_order_acquire) == 1)
+      sched_yield();
+  }
+  publish();
+}
+
+bool TransferState::enforce_deadline() {
+  if (finished()) return true;
+  if (Clock::now() < deadline_) return false;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - started_).count();
+  cancel(StatusCode::kDeadlineExceeded,
+         "did not finish within the timeout of " + std::to_string(ms) + " ms");
+  return true;
+}
+
+Status TransferState::op_status(size_t index) const {
+  if (!finished()) return FailedPrecondition("transfer still in flight");
+  const OpState& s = states_[index];
+  if (s.status_state.load(std::memory_order_acquire) == 2) return s.status;
+  return Status::Ok();
+}
+
+Status TransferState::status() const {
+  if (!finished()) return FailedPrecondition("transfer still in flight");
+  for (size_t i = 0; i < op_count_; ++i) {
+    Status s = op_status(i);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+std::string_view TransferState::op_backend(size_t index) const {
+  return states_[index].backend;
+}
+std::string TransferState::op_note(size_t index) const {
+  return states_[index].note;
+}
+
+// --- Transfer ---------------------------------------------------------------
+
+Transfer::Transfer(std::shared_ptr<TransferState> state) : state_(std::move(state)) {}
+Transfer::Transfer(Transfer&&) noexcept = default;
+
+Transfer& Transfer::operator=(Transfer&& other) noexcept {
+  if (this != &other) {
+    if (state_) state_->cancel(StatusCode::kCancelled, "transfer replaced before it finished");
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+Transfer::~Transfer() {
+  if (state_) state_->cancel(StatusCode::kCancelled, "transfer destroyed before it finished");
+}
+
+Status Transfer::wait() {
+  if (!state_) return Status::Ok();
+  state_->wait_until(state_->deadline());
+  state_->enforce_deadline();
+  return state_->status();
+}
+
+bool Transfer::wait_for(std::chrono::nanoseconds timeout) {
+  if (!state_) return true;
+  Deadline until = std::min(state_->deadline(), Clock::now() + timeout);
+  if (state_->wait_until(until)) return true;
+  return state_->enforce_deadline();
+}
+
+bool Transfer::done() const {
+  return !state_ || state_->enforce_deadline();
+}
+
+void Transfer::cancel() {
+  if (state_) state_->cancel(StatusCode::kCancelled, "cancelled by the caller");
+}
+
+Status Transfer::status() const {
+  return state_ ? state_->status() : Status::Ok();
+}
+size_t Transfer::op_count() const {
+  return state_ ? state_->op_count() : 0;
+}
+
+Status Transfer::op_status(size_t index) const {
+  if (!state_ || index >= state_->op_count()) {
+    return InvalidArgument("op index " + std::to_string(index) + " out of range");
+  }
+  return state_->op_status(index);
+}
+
+std::string_view Transfer::op_backend(size_t index) const {
+  if (!state_ || index >= state_->op_count()) return {};
+  return state_->op_backend(index);
+}
+
+std::string Transfer::op_note(size_t index) const {
+  if (!state_ || index >= state_->op_count()) return {};
+  return state_->op_note(index);
+}
+
+// --- Backend defaults ---------------------------------------------------------
+
+void Backend::serve_connection(int fd, uint64_t /*peer_manager_id*/) {
+  ::close(fd);
+}
+
+const char* transport_level_name(TransportLevel level) {
+  switch (level) {
+    case TransportLevel::kTcp:
+      return "tcp";
+    case TransportLevel::kNic:
+      return "nic";
+    case TransportLevel::kMemory:
+      return "memory";
+  }
+  return "?";
+}
+
+}  // namespace rdmabuf

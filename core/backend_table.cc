@@ -1,0 +1,14 @@
+#include "core/backend_table.h"
+
+#include "backends/tcp/tcp_backend.h"
+
+namespace rdmabuf {
+
+std::span<const BackendFactory> backend_factories() {
+  static const BackendFactory kFactories[] = {
+      {"tcp", TransportLevel::kTcp, &tcp::make_tcp_backend},
+  };
+  return kFactories;
+}
+
+}  // namespace rdmabuf

@@ -1,0 +1,437 @@
+// Manager: the registry of minted buffers, the listener, the backends, and
+// the choice of a backend for every op.
+#include "rdmabuf/manager.h"
+
+#include <unistd.h>
+
+#include <mutex>
+#include <set>
+
+#include "common/buffer_access.h"
+#include "common/hello.h"
+#include "common/host.h"
+#include "common/log.h"
+#include "common/op_text.h"
+#include "common/strings.h"
+#include "core/backend_table.h"
+#include "core/listener.h"
+#include "core/registry.h"
+
+namespace rdmabuf {
+namespace {
+
+// How long an inbound connection may take to say hello.
+constexpr auto kHelloTimeout = std::chrono::seconds(5);
+constexpr int kListenBacklog = 1024;
+
+bool is_wildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "*";
+}
+
+}  // namespace
+
+class ManagerImpl {
+ public:
+  static Result<std::unique_ptr<ManagerImpl>> create(const Config& config);
+  ~ManagerImpl() { shutdown(); }
+
+  const Config& config() const { return config_; }
+  const PeerIdentity& identity() const { return identity_; }
+  std::vector<BackendInfo> backends() const;
+  Result<RemoteBuffer> register_buffer(LocalMemory memory);
+  Status release(const RemoteBuffer& handle);
+  size_t registered_count() const { return registry_.size(); }
+  Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout);
+  void shutdown();
+
+ private:
+  struct Slot {
+    const BackendFactory* factory;
+    std::unique_ptr<Backend> backend;  // null when not viable or not enabled
+    std::string reason;                // why null
+  };
+  struct Route {
+    size_t slot = 0;
+    std::string note;  // why not the best transport the owner offers
+  };
+
+  explicit ManagerImpl(const Config& config) : config_(config) {}
+  void serve_inbound(Fd fd);
+  Result<Route> choose_route(const Op& op);
+  void log_note_once(const RemoteBuffer& remote, const std::string& backend,
+                     const std::string& note);
+
+  Config config_;
+  PeerIdentity identity_;
+  Registry registry_;
+  std::vector<Slot> slots_;  // priority order, best first
+  std::unique_ptr<Listener> listener_;
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<bool> shut_down_{false};
+  std::mutex shutdown_mu_;
+  std::mutex notes_mu_;
+  std::set<std::string> logged_notes_;
+};
+
+Result<std::unique_ptr<ManagerImpl>> ManagerImpl::create(const Config& config) {
+  RDMABUF_RETURN_IF_ERROR(config.validate());
+  std::string known;
+  for (const BackendFactory& f : backend_factories())
+    known += (known.empty() ? "" : ", ") + std::string(f.name);
+  for (const std::string& name : config.backends) {
+    bool found = false;
+    for (const BackendFactory& f : backend_factories())
+      found |= name == f.name;
+    if (!found) {
+      return InvalidArgument("unknown backend '" + name + "' in config backends (known: " + known +
+                             ")");
+    }
+  }
+  set_log_level(config.log_level);
+
+  std::unique_ptr<ManagerImpl> m(new ManagerImpl(config));
+  RDMABUF_ASSIGN_OR_RETURN(HostPort where, parse_host_port(config.listen_address));
+  RDMABUF_ASSIGN_OR_RETURN(Fd listen_fd, listen_tcp(where, kListenBacklog));
+  RDMABUF_ASSIGN_OR_RETURN(HostPort bound, local_address(listen_fd.get()));
+  std::string host = config.advertise_host;
+  if (host.empty() && !is_wildcard(where.host)) host = where.host;
+  if (host.empty()) {
+    auto ip = first_non_loopback_ipv4();
+    if (ip.ok()) {
+      host = *ip;
+    } else {
+      RDMABUF_LOG_WARN("listening on " + where.to_string() +
+                       " but this host has no other IPv4 address to advertise; handles will "
+                       "name 127.0.0.1 (set RDMABUF_ADVERTISE_HOST)");
+      host = "127.0.0.1";
+    }
+  }
+  m->identity_.manager_id = secure_random_u64() | 1;  // never 0, which means "any"
+  m->identity_.address = HostPort{host, bound.port}.to_string();
+  m->identity_.host_id = this_host_id();
+  m->identity_.pid = static_cast<uint32_t>(getpid());
+
+  BackendEnv env{config, m->identity_, &m->registry_};
+  for (const BackendFactory& f : backend_factories()) {
+    Slot slot{&f, nullptr, ""};
+    bool enabled = config.backends.empty();
+    for (const std::string& name : config.backends)
+      enabled |= name == f.name;
+    if (!enabled) {
+      slot.reason = "not enabled (config backends / RDMABUF_BACKENDS)";
+    } else {
+      auto backend = f.create(env);
+      if (backend.ok()) {
+        slot.backend = std::move(backend).value();
+      } else {
+        slot.reason = backend.status().message();
+        RDMABUF_LOG_INFO(std::string(f.name) + " backend not viable: " + slot.reason);
+      }
+    }
+    m->slots_.push_back(std::move(slot));
+  }
+
+  RDMABUF_ASSIGN_OR_RETURN(Fd stop_fd, make_eventfd());
+  ManagerImpl* raw = m.get();
+  m->listener_ =
+      std::make_unique<Listener>(std::move(listen_fd), std::move(stop_fd), config.max_connections,
+                                 [raw](Fd fd) { raw->serve_inbound(std::move(fd)); });
+  m->listener_->start();
+  RDMABUF_LOG_INFO("manager " + m->identity_.to_string() + " started");
+  return m;
+}
+
+void ManagerImpl::serve_inbound(Fd fd) {
+  Deadline deadline = Clock::now() + kHelloTimeout;
+  auto hello = read_hello(fd.get(), deadline, listener_->stop_fd());
+  if (!hello.ok()) {
+    RDMABUF_LOG_DEBUG("dropping an inbound connection: " + hello.status().message());
+    if (hello.status().code() == StatusCode::kProtocolError) {
+      send_hello_reply(fd.get(), identity_.manager_id, hello.status(), deadline).ignore();
+    }
+    return;
+  }
+  const uint64_t self = identity_.manager_id;
+  if (hello->expected_id != 0 && hello->expected_id != self) {
+    Status gone = NotFound("the buffer's owner (manager " + hex_id(hello->expected_id) +
+                           ") is gone; " + identity_.to_string() + " listens there now");
+    send_hello_reply(fd.get(), self, gone, deadline).ignore();
+    return;
+  }
+  for (Slot& slot : slots_) {
+    if (slot.backend && slot.backend->claims_channel(static_cast<uint8_t>(hello->channel))) {
+      if (!send_hello_reply(fd.get(), self, Status::Ok(), deadline).ok()) return;
+      slot.backend->serve_connection(fd.release(), hello->caller_id);
+      return;
+    }
+  }
+  send_hello_reply(fd.get(), self,
+                   Unimplemented("channel " + std::to_string(static_cast<int>(hello->channel)) +
+                                 " is not served by this manager"),
+                   deadline)
+      .ignore();
+}
+
+std::vector<BackendInfo> ManagerImpl::backends() const {
+  std::vector<BackendInfo> out;
+  for (const Slot& slot : slots_) {
+    if (slot.backend) {
+      out.push_back(slot.backend->info());
+    } else {
+      out.push_back(BackendInfo{slot.factory->name, slot.factory->level, false, slot.reason, {}});
+    }
+  }
+  return out;
+}
+
+Result<RemoteBuffer> ManagerImpl::register_buffer(LocalMemory memory) {
+  if (shut_down_.load()) return FailedPrecondition("the manager is shut down");
+  if (memory.size() == 0) return InvalidArgument("cannot register empty memory");
+  if (memory.data() == nullptr) return InvalidArgument("cannot register memory at address null");
+  const uint64_t id = next_id_.fetch_add(1);
+  detail::RemoteBufferFields fields;
+  fields.id = id;
+  fields.region_size = memory.size();
+  secure_random(fields.token.data(), fields.token.size());
+  fields.owner = identity_;
+  std::vector<Backend*> registered;
+  for (Slot& slot : slots_) {
+    if (!slot.backend) continue;
+    auto ctx = slot.backend->register_memory(id, memory);
+    if (ctx.ok()) {
+      fields.contexts.push_back(std::move(ctx).value());
+      registered.push_back(slot.backend.get());
+    } else {
+      RDMABUF_LOG_WARN("buffer " + std::to_string(id) + " is not offered over " +
+                       std::string(slot.backend->name()) + ": " + ctx.status().message());
+    }
+  }
+  auto undo = [&] {
+    for (Backend* b : registered)
+      b->unregister_memory(id);
+  };
+  if (fields.contexts.empty()) {
+    undo();
+    return FailedPrecondition("no backend could register " + format_bytes(memory.size()));
+  }
+  Token token = fields.token;
+  auto handle = detail::RemoteBufferAccess::make(std::move(fields));
+  if (!handle.ok()) {
+    undo();
+    return handle.status();
+  }
+  registry_.add(id, token, std::move(memory));
+  return handle;
+}
+
+Status ManagerImpl::release(const RemoteBuffer& handle) {
+  if (!handle.valid()) return InvalidArgument("release of an empty handle");
+  if (handle.owner().manager_id != identity_.manager_id) {
+    return InvalidArgument("cannot release " + handle.describe() + ": it was not minted by " +
+                           identity_.to_string());
+  }
+  RDMABUF_RETURN_IF_ERROR(registry_.release(handle.id()));
+  for (Slot& slot : slots_) {
+    if (slot.backend) slot.backend->unregister_memory(handle.id());
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Status validate_op(const Op& op, uint64_t chunk_size) {
+  if (!op.remote.valid())
+    return InvalidArgument(std::string(op_kind_name(op.kind)) + " on an empty handle");
+  if (op.local.size() > 0 && op.local.data() == nullptr) {
+    return InvalidArgument(describe_op(op) + ": the local memory is null");
+  }
+  if (op.kind == OpKind::kReadIntoLocal && op.local.size() < op.remote.size()) {
+    return InvalidArgument(describe_op(op) + ": the local range (" +
+                           std::to_string(op.local.size()) +
+                           " B) is smaller than the remote "
+                           "range (" +
+                           std::to_string(op.remote.size()) + " B)");
+  }
+  if (op.kind == OpKind::kWriteFromLocal && op.remote.size() < op.local.size()) {
+    return InvalidArgument(describe_op(op) + ": the remote range (" +
+                           std::to_string(op.remote.size()) +
+                           " B) is smaller than the local "
+                           "range (" +
+                           std::to_string(op.local.size()) + " B)");
+  }
+  if (op.bytes() / chunk_size >= UINT32_MAX) {
+    return InvalidArgument(describe_op(op) + ": too large for chunks of " +
+                           format_bytes(chunk_size));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op) {
+  const RemoteBuffer& remote = op.remote;
+  std::string note;
+  auto add_note = [&note](const std::string& name, const std::string& why) {
+    note += (note.empty() ? "" : "; ") + name + ": " + why;
+  };
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot& slot = slots_[s];
+    const std::string name = slot.factory->name;
+    if (!remote.context(name)) continue;  // the owner does not offer it
+    if (!slot.backend) {
+      add_note(name, slot.reason);
+      continue;
+    }
+    Status reach = slot.backend->can_reach(remote);
+    if (!reach.ok()) {
+      add_note(name, reach.message());
+      continue;
+    }
+    if (slot.factory->level == TransportLevel::kTcp && !config_.allow_tcp_fallback) {
+      return FailedPrecondition(describe_op(op) +
+                                ": it would have to use TCP, and TCP fallback is disabled "
+                                "(allow_tcp_fallback / RDMABUF_ALLOW_TCP_FALLBACK=0)" +
+                                (note.empty() ? "" : " [" + note + "]"));
+    }
+    return Route{s, note};
+  }
+  std::string offered;
+  for (const BackendContext& ctx : remote.contexts()) {
+    offered += (offered.empty() ? "" : ", ") + ctx.backend;
+  }
+  return FailedPrecondition(describe_op(op) + ": no transport in common; the owner offers {" +
+                            offered + "}" + (note.empty() ? "" : " [" + note + "]"));
+}
+
+void ManagerImpl::log_note_once(const RemoteBuffer& remote, const std::string& backend,
+                                const std::string& note) {
+  std::string key = hex_id(remote.owner().manager_id) + "|" + note;
+  {
+    std::lock_guard lock(notes_mu_);
+    if (!logged_notes_.insert(key).second) return;
+  }
+  RDMABUF_LOG_WARN("transfers to " + remote.owner().to_string() + " use " + backend +
+                   ", not a better transport the owner offers: " + note);
+}
+
+Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds timeout) {
+  auto state =
+      std::make_shared<TransferState>(std::move(ops), Clock::now() + timeout, config_.busy_poll);
+  if (shut_down_.load()) {
+    for (size_t i = 0; i < state->op_count(); ++i) {
+      state->fail_op(i, FailedPrecondition("the manager is shut down"));
+    }
+    return Transfer(state);
+  }
+  // Usually every op goes to one backend; keep that path allocation-light.
+  std::vector<std::vector<uint32_t>> per_slot(slots_.size());
+  for (size_t i = 0; i < state->op_count(); ++i) {
+    const Op& op = state->op(i);
+    Status valid = validate_op(op, config_.chunk_size);
+    if (!valid.ok()) {
+      state->fail_op(i, valid);
+      continue;
+    }
+    if (op.bytes() == 0) {  // nothing to move: done, without a round trip
+      state->complete_part(i, Status::Ok());
+      continue;
+    }
+    auto route = choose_route(op);
+    if (!route.ok()) {
+      state->fail_op(i, route.status());
+      continue;
+    }
+    const std::string name = slots_[route->slot].factory->name;
+    if (!route->note.empty()) log_note_once(op.remote, name, route->note);
+    state->set_route(i, name, std::move(route->note));
+    per_slot[route->slot].push_back(static_cast<uint32_t>(i));
+  }
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    if (!per_slot[s].empty()) slots_[s].backend->submit(state, per_slot[s]);
+  }
+  return Transfer(state);
+}
+
+void ManagerImpl::shutdown() {
+  std::lock_guard lock(shutdown_mu_);
+  if (shut_down_.exchange(true)) return;
+  listener_->stop_accepting();
+  for (Slot& slot : slots_) {
+    if (slot.backend) slot.backend->shutdown();
+  }
+  listener_->join_connections();
+  for (uint64_t id : registry_.ids()) {
+    registry_.release(id).ignore();
+    for (Slot& slot : slots_) {
+      if (slot.backend) slot.backend->unregister_memory(id);
+    }
+  }
+  RDMABUF_LOG_INFO("manager " + identity_.to_string() + " shut down");
+}
+
+// --- Manager ------------------------------------------------------------------
+
+Manager::Manager(std::unique_ptr<ManagerImpl> impl) : impl_(std::move(impl)) {}
+Manager::~Manager() = default;
+
+Result<std::unique_ptr<Manager>> Manager::create(const Config& config) {
+  RDMABUF_ASSIGN_OR_RETURN(auto impl, ManagerImpl::create(config));
+  return std::unique_ptr<Manager>(new Manager(std::move(impl)));
+}
+
+Result<std::unique_ptr<Manager>> Manager::create() {
+  RDMABUF_ASSIGN_OR_RETURN(Config config, Config::from_env());
+  return create(config);
+}
+
+const Config& Manager::config() const {
+  return impl_->config();
+}
+const PeerIdentity& Manager::identity() const {
+  return impl_->identity();
+}
+const std::string& Manager::address() const {
+  return impl_->identity().address;
+}
+std::vector<BackendInfo> Manager::backends() const {
+  return impl_->backends();
+}
+
+Result<RemoteBuffer> Manager::register_buffer(LocalMemory memory) {
+  return impl_->register_buffer(std::move(memory));
+}
+
+Status Manager::release(const RemoteBuffer& handle) {
+  return impl_->release(handle);
+}
+size_t Manager::registered_count() const {
+  return impl_->registered_count();
+}
+
+Transfer Manager::submit(std::vector<Op> ops, std::chrono::milliseconds timeout) {
+  return impl_->submit(std::move(ops), timeout);
+}
+
+Status Manager::read_into(const RemoteBuffer& src, const LocalMemory& dst,
+                          std::optional<std::chrono::milliseconds> timeout) {
+  std::vector<Op> ops;
+  ops.push_back(Op::read(src, dst));
+  return submit(std::move(ops), timeout.value_or(config().default_timeout)).wait();
+}
+
+Status Manager::write_from(const RemoteBuffer& dst, const LocalMemory& src,
+                           std::optional<std::chrono::milliseconds> timeout) {
+  std::vector<Op> ops;
+  ops.push_back(Op::write(dst, src));
+  return submit(std::move(ops), timeout.value_or(config().default_timeout)).wait();
+}
+
+void Manager::shutdown() {
+  impl_->shutdown();
+}
+
+const char* version() {
+  return RDMABUF_VERSION_STRING;
+}
+
+}  // namespace rdmabuf

@@ -1,0 +1,269 @@
+// Backend: one transport (tcp, ibverbs, memory) behind one small interface,
+// and the contracts between a backend and the manager that drives it.
+//
+// Most users never touch this header beyond BackendInfo; it is public so the
+// contracts are written down in one place, and so new transports can be
+// added by implementing Backend (see docs/adding-a-backend.md).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "rdmabuf/buffer.h"
+#include "rdmabuf/config.h"
+#include "rdmabuf/memory.h"
+#include "rdmabuf/op.h"
+#include "rdmabuf/status.h"
+#include "rdmabuf/transfer.h"
+
+namespace rdmabuf {
+
+// How good a transport is; the manager uses the highest level that both it
+// and the buffer's owner offer.
+enum class TransportLevel : uint8_t { kTcp = 1, kNic = 2, kMemory = 3 };
+
+// "tcp", "nic", "memory".
+const char* transport_level_name(TransportLevel level);
+
+// What `rdmabuf info` and Manager::backends() show for one backend.
+struct BackendInfo {
+  std::string name;
+  TransportLevel level = TransportLevel::kTcp;
+  bool viable = false;
+  // Why it is not viable (or not enabled); empty when viable.
+  std::string reason;
+  // Backend-specific facts ("devices", "streams", ...), for display.
+  std::vector<std::pair<std::string, std::string>> details;
+};
+
+// ---------------------------------------------------------------------------
+// The reader side: a batch of ops, shared by the manager (which created it),
+// the Transfer handle (which waits on it) and the backends (which run it).
+
+class TransferState {
+ public:
+  // `busy_poll`: how long wait_until spins before it sleeps.
+  TransferState(std::vector<Op> ops, Deadline deadline, std::chrono::microseconds busy_poll);
+  TransferState(const TransferState&) = delete;
+  TransferState& operator=(const TransferState&) = delete;
+  ~TransferState();
+
+  size_t op_count() const { return op_count_; }
+  const Op& op(size_t index) const { return ops_[index]; }
+  Deadline deadline() const { return deadline_; }
+
+  // --- For backends -------------------------------------------------------
+
+  // Declares that op `index` will be completed in `parts` pieces (chunks),
+  // each reported with complete_part. Call before the first complete_part of
+  // that op; the default is one part.
+  void expect_parts(size_t index, uint32_t parts);
+
+  // Reports that one part of op `index` finished with `status`. The op
+  // finishes with its first non-OK part status (or OK) once all parts are in.
+  // Calls after the transfer was cancelled are accepted and ignored. Every
+  // part must be reported exactly once, including on shutdown and on error.
+  void complete_part(size_t index, const Status& status);
+
+  // Local-memory guard. A backend brackets every access to the local memory
+  // of this transfer's ops (a memcpy, a recv or send that reads or writes it)
+  // with begin_touch()/end_touch(). begin_touch() returns false when the
+  // transfer has been cancelled: the backend must then not touch the memory
+  // (it drains incoming bytes elsewhere and completes the parts with any
+  // status). Cheap: one atomic add each; safe from any number of threads.
+  bool begin_touch() {
+    uint32_t prev = guard_.fetch_add(1, std::memory_order_acq_rel);
+    if (prev & kCancelledBit) {
+      guard_.fetch_sub(1, std::memory_order_acq_rel);
+      return false;
+    }
+    return true;
+  }
+  void end_touch() { guard_.fetch_sub(1, std::memory_order_acq_rel); }
+  bool cancelled() const { return guard_.load(std::memory_order_acquire) & kCancelledBit; }
+
+  // --- For the manager ----------------------------------------------------
+
+  // Records which backend runs op `index` and, when it is not the best the
+  // owner offers, why.
+  void set_route(size_t index, std::string_view backend, std::string note);
+  // Finishes op `index` at once (for ops rejected before reaching a backend).
+  void fail_op(size_t index, const Status& status);
+
+  // --- For Transfer -------------------------------------------------------
+
+  bool finished() const { return finished_.load(std::memory_order_acquire) != 0; }
+  // Waits until finished or `until`; true when finished. Spins (yielding)
+  // for the busy-poll window, then sleeps on a futex.
+  bool wait_until(Deadline until);
+  // Marks the transfer cancelled, waits until no backend is inside a
+  // begin/end_touch bracket, fails every unfinished op with `code` and a
+  // message naming the op and `why`, and finishes the transfer.
+  void cancel(StatusCode code, std::string_view why);
+  // Enforces the deadline: when it has passed and the transfer has not
+  // finished, cancels with kDeadlineExceeded. True when finished afterwards.
+  bool enforce_deadline();
+
+  Status status() const;
+  Status op_status(size_t index) const;
+  std::string_view op_backend(size_t index) const;
+  std::string op_note(size_t index) const;
+
+ private:
+  static constexpr uint32_t kCancelledBit = 1u << 31;
+  struct OpState;
+
+  void record_error(size_t index, const Status& status);
+  void finish_op();
+  void publish();
+
+  std::vector<Op> ops_;
+  size_t op_count_ = 0;
+  std::unique_ptr<OpState[]> states_;
+  Deadline deadline_;
+  std::chrono::microseconds busy_poll_;
+  Clock::time_point started_;
+  std::atomic<size_t> ops_left_{0};
+  // kCancelledBit | number of backends inside a touch bracket.
+  std::atomic<uint32_t> guard_{0};
+  // 0 until every op has finished or the transfer was cancelled; a futex word.
+  std::atomic<uint32_t> finished_{0};
+  std::atomic<uint32_t> sleepers_{0};
+};
+
+// ---------------------------------------------------------------------------
+// The owner side: what a backend that serves accesses in software (tcp) asks
+// of the manager that owns the buffers.
+
+// Something release() can interrupt when it must not wait any longer, such as
+// a connection blocked sending from a buffer to a peer that stopped reading.
+class PinAbort {
+ public:
+  virtual ~PinAbort() = default;
+  // Makes the holder's blocked I/O fail promptly (e.g. shutdown(2) of its
+  // socket). Called from release(), on another thread; must not block.
+  virtual void abort_pinned_io() = 0;
+};
+
+// A registered buffer held for an access. While it lives, release() of the
+// buffer waits; after a grace period release() calls the holder's PinAbort
+// (when it gave one) and keeps waiting. Move-only.
+class PinnedRegion {
+ public:
+  using UnpinFn = void (*)(void* entry, PinAbort* abort);
+  PinnedRegion() = default;
+  PinnedRegion(std::byte* data, uint64_t size, void* entry, UnpinFn unpin, PinAbort* abort)
+      : data_(data), size_(size), entry_(entry), unpin_(unpin), abort_(abort) {}
+  PinnedRegion(PinnedRegion&& other) noexcept { *this = std::move(other); }
+  PinnedRegion& operator=(PinnedRegion&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      entry_ = std::exchange(other.entry_, nullptr);
+      unpin_ = std::exchange(other.unpin_, nullptr);
+      abort_ = std::exchange(other.abort_, nullptr);
+    }
+    return *this;
+  }
+  ~PinnedRegion() { reset(); }
+
+  bool held() const { return entry_ != nullptr; }
+  std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  void reset() {
+    if (entry_) unpin_(entry_, abort_);
+    entry_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+ private:
+  std::byte* data_ = nullptr;
+  uint64_t size_ = 0;
+  void* entry_ = nullptr;
+  UnpinFn unpin_ = nullptr;
+  PinAbort* abort_ = nullptr;
+};
+
+class BufferResolver {
+ public:
+  virtual ~BufferResolver() = default;
+  // Pins the whole registered buffer `id` for an access by a peer.
+  // kNotFound when unknown or released (or being released);
+  // kPermissionDenied when `token` does not match. Bounds are the caller's
+  // to check against PinnedRegion::size() (see check_range in wire.h).
+  // `abort` (may be null) is called if release() stops waiting for this pin.
+  virtual Result<PinnedRegion> pin(uint64_t id, const Token& token, PinAbort* abort) = 0;
+};
+
+// What every backend is given when it is created.
+struct BackendEnv {
+  Config config;
+  PeerIdentity self;
+  // Resolves buffers for accesses this backend serves; outlives the backend.
+  BufferResolver* resolver = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+
+// A transport. Created by a factory that returns the backend, or a non-OK
+// status whose message says why it is not viable here. All methods are
+// thread-safe.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual TransportLevel level() const = 0;
+  // Facts for display (devices, limits).
+  virtual BackendInfo info() const = 0;
+
+  // Owner side. Prepares `memory`, registered as buffer `id`, for access by
+  // peers through this backend (pins it, registers it with a NIC, ...), and
+  // returns what goes into handles for readers to use. On failure the buffer
+  // is simply not offered through this backend.
+  virtual Result<BackendContext> register_memory(uint64_t id, const LocalMemory& memory) = 0;
+  // Owner side. Undoes register_memory; called by release() once no access
+  // through this backend is in flight.
+  virtual void unregister_memory(uint64_t id) = 0;
+
+  // Reader side. OK when this backend can carry ops on `remote` from here;
+  // otherwise a status whose message says why not (e.g. "peer is on another
+  // host"). Must be cheap: it is asked for every op.
+  virtual Status can_reach(const RemoteBuffer& remote) const = 0;
+
+  // Reader side. Starts ops `indices` of `transfer` (already validated:
+  // ranges fit, sizes follow the read/write rules, length > 0). Returns
+  // without waiting for the network. Every op is completed later through
+  // transfer->complete_part, exactly once per declared part, whatever
+  // happens (success, error, cancellation, shutdown).
+  virtual void submit(const std::shared_ptr<TransferState>& transfer,
+                      std::span<const uint32_t> indices) = 0;
+
+  // Inbound connections. The manager's listener accepts a connection whose
+  // hello asks for channel `channel` (see common/hello.h) and, when this
+  // backend claims it, calls serve_connection on a thread of its own. The
+  // backend owns `fd` and returns when the connection ends or on shutdown.
+  virtual bool claims_channel(uint8_t channel) const {
+    (void)channel;
+    return false;
+  }
+  // The default closes `fd` (never called unless claims_channel says yes).
+  virtual void serve_connection(int fd, uint64_t peer_manager_id);
+
+  // Stops everything: fails ops in flight with kCancelled, closes
+  // connections, wakes serve_connection calls so they return. When it
+  // returns, no thread of this backend touches any op's local memory.
+  virtual void shutdown() = 0;
+};
+
+}  // namespace rdmabuf

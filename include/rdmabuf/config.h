@@ -1,0 +1,80 @@
+// Config: every knob of a Manager, with defaults that work on a laptop and an
+// RDMABUF_* environment variable for each field (the README has the table).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rdmabuf/status.h"
+
+namespace rdmabuf {
+
+enum class LogLevel : uint8_t { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
+
+struct Config {
+  // RDMABUF_LISTEN. Where the manager's control listener binds, "HOST:PORT".
+  // Loopback and an ephemeral port by default, so nothing is reachable from
+  // other hosts unless asked for; "0.0.0.0:PORT" listens on every interface.
+  std::string listen_address = "127.0.0.1:0";
+
+  // RDMABUF_ADVERTISE_HOST. The host written into handles for peers to dial.
+  // Empty: the listen host, or when that is a wildcard, this host's first
+  // non-loopback IPv4 address.
+  std::string advertise_host;
+
+  // RDMABUF_BACKENDS. Comma-separated backends this manager may use and
+  // offer, e.g. "tcp". Empty: all that are viable.
+  std::vector<std::string> backends;
+
+  // RDMABUF_ALLOW_TCP_FALLBACK (0/1). When false, an op that would have to
+  // move its bytes over TCP fails with kFailedPrecondition instead.
+  bool allow_tcp_fallback = true;
+
+  // RDMABUF_TCP_STREAMS. Connections opened to each peer; large ops are cut
+  // into chunks spread over them. 1..64.
+  int tcp_streams = 2;
+
+  // RDMABUF_CHUNK_SIZE (accepts K/M/G suffixes). Ops larger than this are cut
+  // into chunks of this size, each an independent request. 4 KiB..1 GiB.
+  size_t chunk_size = size_t{1} << 20;
+
+  // RDMABUF_BUSY_POLL_US. After activity, I/O threads and waiters spin
+  // (yielding the CPU between checks) this long before they sleep in the
+  // kernel. Longer: lower latency for bursts, more CPU burnt. 0 disables.
+  std::chrono::microseconds busy_poll{200};
+
+  // RDMABUF_TIMEOUT_MS. Deadline of the blocking read_into / write_from
+  // conveniences when no timeout is given.
+  std::chrono::milliseconds default_timeout{30000};
+
+  // RDMABUF_IO_STALL_TIMEOUT_MS. A manager serving a peer drops the
+  // connection when the peer stops mid-frame (sends half a request, or stops
+  // reading a response) for this long. Idle connections are never dropped.
+  std::chrono::milliseconds io_stall_timeout{30000};
+
+  // RDMABUF_MAX_CONNECTIONS. Inbound connections a manager accepts at once;
+  // more are refused.
+  int max_connections = 1024;
+
+  // RDMABUF_LOG_LEVEL: error | warn | info | debug. Logs go to stderr.
+  LogLevel log_level = LogLevel::kWarn;
+
+  // Defaults overridden by the RDMABUF_* variables present in the
+  // environment. An unparsable value is kInvalidArgument naming the variable.
+  static Result<Config> from_env();
+
+  // Checks ranges and formats; kInvalidArgument naming the field.
+  Status validate() const;
+
+  // One "name = value" line per field, for `rdmabuf info`.
+  std::vector<std::pair<std::string, std::string>> describe() const;
+};
+
+// Parses "4096", "64K", "4M", "1G" (binary multiples). kInvalidArgument on
+// garbage or overflow.
+Result<size_t> parse_size(std::string_view text);
+
+}  // namespace rdmabuf

@@ -1,0 +1,91 @@
+// Manager: one per process (more are allowed). Mints handles to local
+// memory, serves peers' accesses to it, and runs this process's transfers.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rdmabuf/backend.h"
+#include "rdmabuf/buffer.h"
+#include "rdmabuf/config.h"
+#include "rdmabuf/memory.h"
+#include "rdmabuf/op.h"
+#include "rdmabuf/status.h"
+#include "rdmabuf/transfer.h"
+
+namespace rdmabuf {
+
+class ManagerImpl;
+
+// Thread safety: every method may be called from any thread, concurrently.
+// Destroying the manager shuts it down (see shutdown()).
+class Manager {
+ public:
+  // Starts a manager: validates `config`, creates every enabled backend that
+  // is viable here (the others are listed by backends() with the reason),
+  // and starts listening on config.listen_address. kInvalidArgument for a
+  // bad config; kUnavailable when the address cannot be bound.
+  static Result<std::unique_ptr<Manager>> create(const Config& config);
+  // The same with Config::from_env().
+  static Result<std::unique_ptr<Manager>> create();
+
+  ~Manager();
+  Manager(const Manager&) = delete;
+  Manager& operator=(const Manager&) = delete;
+
+  const Config& config() const;
+  // Who this manager is, as written into the handles it mints.
+  const PeerIdentity& identity() const;
+  // "HOST:PORT" peers dial (identity().address).
+  const std::string& address() const;
+
+  // Every backend rdmabuf knows, in priority order, with viability and the
+  // reason when not viable or not enabled.
+  std::vector<BackendInfo> backends() const;
+
+  // Registers `memory` and mints a handle to it: a new id, a fresh random
+  // token, one context per backend that accepted the memory. The manager
+  // holds memory.keepalive() until the buffer is released.
+  // kInvalidArgument for empty memory; kFailedPrecondition after shutdown.
+  Result<RemoteBuffer> register_buffer(LocalMemory memory);
+
+  // Unregisters the buffer behind `handle` (any slice of it). Returns once no
+  // access by any peer is in flight; from then on every access through any
+  // handle to it fails with kNotFound, and the memory may be freed. An access
+  // that has not finished after a grace period (a stalled peer) is aborted.
+  // kNotFound when unknown or already released; kInvalidArgument when the
+  // handle was minted by another manager.
+  Status release(const RemoteBuffer& handle);
+
+  // Buffers currently registered.
+  size_t registered_count() const;
+
+  // Starts `ops` and returns at once. Each op goes to the best transport
+  // both sides offer; ops to different peers run concurrently, ops to one
+  // peer are pipelined. An op that breaks the size rules (see Op) or names
+  // an empty handle fails alone with kInvalidArgument before any byte moves;
+  // the others go on. `timeout` bounds the whole transfer (see Transfer).
+  Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout);
+
+  // Blocking conveniences for one op; `timeout` defaults to
+  // config().default_timeout. They return the op's status.
+  Status read_into(const RemoteBuffer& src, const LocalMemory& dst,
+                   std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  Status write_from(const RemoteBuffer& dst, const LocalMemory& src,
+                    std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // Stops serving and transferring: closes the listener and every
+  // connection, fails in-flight ops with kCancelled, releases every buffer.
+  // Idempotent. Later calls fail with kFailedPrecondition.
+  void shutdown();
+
+ private:
+  explicit Manager(std::unique_ptr<ManagerImpl> impl);
+  std::unique_ptr<ManagerImpl> impl_;
+};
+
+}  // namespace rdmabuf

@@ -1,0 +1,8 @@
+#pragma once
+
+namespace rdmabuf {
+
+// "MAJOR.MINOR.PATCH" of this library.
+const char* version();
+
+}  // namespace rdmabuf
