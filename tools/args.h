@@ -1,0 +1,44 @@
+// Command-line parsing for the rdmabuf tool: positionals, `--name value`
+// options and `--flag`s, with errors that say what is wrong.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "rdmabuf/status.h"
+
+namespace rdmabuf::tool {
+
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;  // without the leading "--"
+  std::set<std::string> flags;
+
+  bool has(const std::string& name) const { return options.count(name) || flags.count(name); }
+  std::optional<std::string> get(const std::string& name) const;
+  // A size option ("4096", "64K", "1M"); `fallback` when absent.
+  Result<uint64_t> size(const std::string& name, uint64_t fallback) const;
+  // An integer option in [min, max]; `fallback` when absent.
+  Result<int64_t> integer(const std::string& name, int64_t fallback, int64_t min,
+                          int64_t max) const;
+};
+
+// Parses argv[first..]. `with_value` names options that take a value,
+// `flags` those that do not; anything else starting with "--" is an error.
+Result<Args> parse_args(int argc, char** argv, int first, const std::set<std::string>& with_value,
+                        const std::set<std::string>& flags);
+
+// Exit codes of the tool.
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;  // the operation failed (message on stderr)
+constexpr int kExitUsage = 2;   // bad command line
+
+// Prints "rdmabuf: <status>" to stderr and returns kExitUsage for
+// kInvalidArgument, kExitFailed otherwise.
+int fail(const Status& status);
+
+}  // namespace rdmabuf::tool

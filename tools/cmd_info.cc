@@ -1,0 +1,39 @@
+// rdmabuf info: version, every backend with viability and reason, the
+// configuration in effect.
+#include <cstdio>
+
+#include "rdmabuf/rdmabuf.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+
+namespace rdmabuf::tool {
+
+int cmd_info(int argc, char** argv) {
+  auto args = parse_args(argc, argv, 2, {}, {});
+  if (!args.ok()) return fail(args.status());
+  auto config = Config::from_env();
+  if (!config.ok()) return fail(config.status());
+  std::printf("rdmabuf %s\n\n", version());
+  auto manager = Manager::create(*config);
+  std::printf("backends (best first):\n");
+  if (!manager.ok()) {
+    std::printf("  (no manager could start: %s)\n", manager.status().to_string().c_str());
+  } else {
+    for (const BackendInfo& b : (*manager)->backends()) {
+      std::printf("  %-8s level %-6s %s%s%s\n", b.name.c_str(), transport_level_name(b.level),
+                  b.viable ? "viable" : "not viable", b.reason.empty() ? "" : ": ",
+                  b.reason.c_str());
+      for (const auto& [key, value] : b.details) {
+        std::printf("           %s: %s\n", key.c_str(), value.c_str());
+      }
+    }
+    std::printf("\nthis manager: %s\n", (*manager)->identity().to_string().c_str());
+  }
+  std::printf("\nconfiguration (RDMABUF_* environment over defaults):\n");
+  for (const auto& [key, value] : config->describe()) {
+    std::printf("  %-20s %s\n", key.c_str(), value.c_str());
+  }
+  return manager.ok() ? kExitOk : kExitFailed;
+}
+
+}  // namespace rdmabuf::tool

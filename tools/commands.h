@@ -1,0 +1,12 @@
+// The subcommands of the rdmabuf tool; each returns the process exit code.
+#pragma once
+
+namespace rdmabuf::tool {
+
+int cmd_info(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
+int cmd_read(int argc, char** argv);
+int cmd_write(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
+
+}  // namespace rdmabuf::tool
