@@ -113,20 +113,30 @@ Result<Config> Config::from_env() {
 }
 
 Status Config::validate() const {
+  // Messages name the field and the variable that sets it, so that whoever
+  // reads them knows what to fix either way.
   auto listen = parse_host_port(listen_address);
-  if (!listen.ok()) return listen.status().with_context("config listen_address");
+  if (!listen.ok()) return listen.status().with_context("listen_address (RDMABUF_LISTEN)");
   if (tcp_streams < 1 || tcp_streams > 64) {
-    return InvalidArgument("config tcp_streams=" + std::to_string(tcp_streams) +
+    return InvalidArgument("tcp_streams (RDMABUF_TCP_STREAMS) = " + std::to_string(tcp_streams) +
                            ": must be in 1..64");
   }
   if (chunk_size < kMinChunk || chunk_size > kMaxChunk) {
-    return InvalidArgument("config chunk_size=" + std::to_string(chunk_size) +
+    return InvalidArgument("chunk_size (RDMABUF_CHUNK_SIZE) = " + std::to_string(chunk_size) +
                            ": must be in 4 KiB..1 GiB");
   }
-  if (busy_poll.count() < 0) return InvalidArgument("config busy_poll must be >= 0");
-  if (default_timeout.count() <= 0) return InvalidArgument("config default_timeout must be > 0");
-  if (io_stall_timeout.count() <= 0) return InvalidArgument("config io_stall_timeout must be > 0");
-  if (max_connections < 1) return InvalidArgument("config max_connections must be >= 1");
+  if (busy_poll.count() < 0) {
+    return InvalidArgument("busy_poll (RDMABUF_BUSY_POLL_US) must be >= 0");
+  }
+  if (default_timeout.count() <= 0) {
+    return InvalidArgument("default_timeout (RDMABUF_TIMEOUT_MS) must be > 0");
+  }
+  if (io_stall_timeout.count() <= 0) {
+    return InvalidArgument("io_stall_timeout (RDMABUF_IO_STALL_TIMEOUT_MS) must be > 0");
+  }
+  if (max_connections < 1) {
+    return InvalidArgument("max_connections (RDMABUF_MAX_CONNECTIONS) must be >= 1");
+  }
   return Status::Ok();
 }
 

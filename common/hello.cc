@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "common/strings.h"
 #include "common/wire.h"
 
 namespace rdmabuf {
@@ -46,6 +47,12 @@ Result<uint64_t> exchange_hello(int fd, const Hello& hello, Deadline deadline, i
   std::string message(msg_len, '\0');
   RDMABUF_RETURN_IF_ERROR(recv_exact(fd, message.data(), msg_len, deadline, stop_fd));
   if (code != StatusCode::kOk) return Status(code, message);
+  if (hello.expected_id != 0 && server_id != hello.expected_id) {
+    // Whoever listens there is not the manager the handle names (a forged
+    // or stale address): tell it nothing more.
+    return NotFound("the listener is manager " + hex_id(server_id) + ", not the handle's owner " +
+                    hex_id(hello.expected_id));
+  }
   return server_id;
 }
 

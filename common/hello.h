@@ -32,9 +32,10 @@ struct Hello {
 };
 
 // Caller side: sends `hello` on `fd`, reads the reply before `deadline`.
-// Returns the server's manager id, or the status it answered with
-// (kNotFound when it is not the expected manager), or kProtocolError when
-// the other end does not speak this protocol.
+// Returns the server's manager id, or the status it answered with, or
+// kNotFound when the server is not hello.expected_id (checked on both
+// sides: a listener that answers OK under another id is refused here), or
+// kProtocolError when the other end does not speak this protocol.
 Result<uint64_t> exchange_hello(int fd, const Hello& hello, Deadline deadline, int stop_fd = -1);
 
 // Listener side: reads and validates a hello. kProtocolError for bytes that

@@ -169,13 +169,16 @@ Status wait_fd(int fd, short events, Deadline deadline, int stop_fd) {
     if (rc == 0) continue;  // re-check the deadline
     if (stop_fd >= 0 && fds[1].revents) return Cancelled("shutting down");
     const pollfd& p = fds[0];
+    // Bytes queued before a reset are still there to read: report the
+    // readiness asked for first, and the error only when nothing is ready.
+    if (p.revents & events) return Status::Ok();
     if (p.revents & (POLLERR | POLLNVAL)) {
       int err = 0;
       socklen_t len = sizeof err;
       getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
       return Unavailable(err ? errno_text(err) : "socket error");
     }
-    if ((p.revents & events) || (p.revents & POLLHUP)) return Status::Ok();
+    if (p.revents & POLLHUP) return Status::Ok();  // the next read or write says what happened
   }
 }
 

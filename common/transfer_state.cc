@@ -88,20 +88,26 @@ bool TransferState::wait_until(Deadline until) {
 
 void TransferState::cancel(StatusCode code, std::string_view why) {
   if (finished()) return;
+  // Claim the status of every unfinished op first: once the cancelled bit is
+  // set, backends report parts of this transfer with statuses of their own
+  // ("cancelled before it was sent"), and those must not win.
+  for (size_t i = 0; i < op_count_; ++i) {
+    if (states_[i].parts_left.load(std::memory_order_acquire) > 0) {
+      record_error(i, Status(code, describe_op(ops_[i]) + ": " + std::string(why)));
+    }
+  }
   guard_.fetch_or(kCancelledBit, std::memory_order_acq_rel);
   // Backends touch local memory only inside a begin/end_touch bracket, and
   // each bracket is one non-blocking syscall or memcpy, so this is short.
-  while (guard_.load(std::memory_order_acquire) & ~kCancelledBit)
+  while (guard_.load(std::memory_order_acquire) & ~kCancelledBit) {
     sched_yield();
+  }
   for (size_t i = 0; i < op_count_; ++i) {
-    OpState& s = states_[i];
-    if (s.parts_left.load(std::memory_order_acquire) > 0) {
-      record_error(i, Status(code, describe_op(ops_[i]) + ": " + std::string(why)));
-    }
     // Another thread may be writing this op's error; let it finish so that
     // readers woken by publish() see a complete status.
-    while (s.status_state.load(std::memory_order_acquire) == 1)
+    while (states_[i].status_state.load(std::memory_order_acquire) == 1) {
       sched_yield();
+    }
   }
   publish();
 }
@@ -109,7 +115,8 @@ void TransferState::cancel(StatusCode code, std::string_view why) {
 bool TransferState::enforce_deadline() {
   if (finished()) return true;
   if (Clock::now() < deadline_) return false;
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - started_).count();
+  // Rounded: the caller computed the deadline a moment before started_.
+  auto ms = std::chrono::round<std::chrono::milliseconds>(deadline_ - started_).count();
   cancel(StatusCode::kDeadlineExceeded,
          "did not finish within the timeout of " + std::to_string(ms) + " ms");
   return true;
@@ -162,9 +169,9 @@ Status Transfer::wait() {
   return state_->status();
 }
 
-bool Transfer::wait_for(std::chrono::nanoseconds timeout) {
+bool Transfer::wait_until(Deadline until) {
   if (!state_) return true;
-  Deadline until = std::min(state_->deadline(), Clock::now() + timeout);
+  until = std::min(state_->deadline(), until);
   if (state_->wait_until(until)) return true;
   return state_->enforce_deadline();
 }

@@ -226,6 +226,9 @@ Result<RemoteBuffer> ManagerImpl::register_buffer(LocalMemory memory) {
 
 Status ManagerImpl::release(const RemoteBuffer& handle) {
   if (!handle.valid()) return InvalidArgument("release of an empty handle");
+  if (shut_down_.load()) {
+    return FailedPrecondition("the manager is shut down (it released every buffer then)");
+  }
   if (handle.owner().manager_id != identity_.manager_id) {
     return InvalidArgument("cannot release " + handle.describe() + ": it was not minted by " +
                            identity_.to_string());
@@ -315,8 +318,9 @@ void ManagerImpl::log_note_once(const RemoteBuffer& remote, const std::string& b
 }
 
 Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds timeout) {
+  // Saturating: a huge timeout means no deadline, not an overflow.
   auto state =
-      std::make_shared<TransferState>(std::move(ops), Clock::now() + timeout, config_.busy_poll);
+      std::make_shared<TransferState>(std::move(ops), deadline_after(timeout), config_.busy_poll);
   if (shut_down_.load()) {
     for (size_t i = 0; i < state->op_count(); ++i) {
       state->fail_op(i, FailedPrecondition("the manager is shut down"));

@@ -96,6 +96,7 @@ void Stream::stop() {
   {
     std::lock_guard lock(mu_);
     stopped_ = true;
+    stop_requested_.store(true, std::memory_order_release);
     joining = std::move(thread_);
   }
   if (joining.joinable()) {
@@ -110,6 +111,11 @@ void Stream::stop() {
   }
   for (Chunk& c : left)
     finish(c, Cancelled("the manager is shutting down"));
+}
+
+bool Stream::idle() {
+  std::lock_guard lock(mu_);
+  return !running_ && incoming_.empty();
 }
 
 bool Stream::take_incoming() {
@@ -138,7 +144,8 @@ void Stream::run() {
     scratch_.reset(new uint8_t[kScratchBytes]);
   }
   BusyPoll poll(peer_->busy_poll);
-  while (!peer_->stopping->load(std::memory_order_acquire)) {
+  while (!peer_->stopping->load(std::memory_order_acquire) &&
+         !stop_requested_.load(std::memory_order_acquire)) {
     bool progressed = take_incoming();
     if (!sock_.valid()) {
       if (pending_.empty()) {
@@ -248,6 +255,7 @@ void Stream::encode() {
     h.request_id = next_request_id_;
     h.buffer_id = op.remote.id();
     std::memcpy(h.token, op.remote.token().data(), sizeof h.token);
+    h.region_size = op.remote.region_size();
     h.offset = c.remote_offset;
     h.length = c.length;
     bool inline_write = c.kind == RequestKind::kWrite && c.length <= kInlineWrite;
@@ -567,6 +575,13 @@ void Peer::submit(const std::shared_ptr<TransferState>& transfer, std::span<cons
 void Peer::stop() {
   for (auto& s : streams_)
     s->stop();
+}
+
+bool Peer::idle() {
+  for (auto& s : streams_) {
+    if (!s->idle()) return false;
+  }
+  return true;
 }
 
 }  // namespace rdmabuf::tcp

@@ -63,6 +63,8 @@ class Stream {
   // Joins the thread; every chunk not finished is completed with kCancelled.
   // Call after the backend's stopping flag is set.
   void stop();
+  // True when no thread runs and no work waits (the connection is closed).
+  bool idle();
 
  private:
   struct TxSegment {
@@ -99,6 +101,7 @@ class Stream {
   std::vector<Chunk> incoming_;
   bool running_ = false;
   bool stopped_ = false;
+  std::atomic<bool> stop_requested_{false};  // stop() was called: the thread exits
   std::thread thread_;
   std::atomic<bool> has_incoming_{false};
   std::atomic<bool> sleeping_{false};
@@ -128,6 +131,8 @@ class Peer {
   void submit(const std::shared_ptr<TransferState>& transfer, std::span<const uint32_t> ops,
               uint64_t chunk_size);
   void stop();
+  // True when every stream is idle: the peer can be forgotten.
+  bool idle();
 
  private:
   PeerContext context_;

@@ -3,8 +3,9 @@
 // The reader sends requests; the owner answers each, in order, on the same
 // connection. Many requests may be in flight; the owner never reorders.
 //
-//   request  (56 B): u8 kind | u8 flags=0 | u16 0 | u32 0 | u64 request id |
-//                    u64 buffer id | u8[16] token | u64 offset | u64 length
+//   request  (64 B): u8 kind | u8 flags=0 | u16 0 | u32 0 | u64 request id |
+//                    u64 buffer id | u8[16] token | u64 region size | u64 offset |
+//                    u64 length
 //                    then, for a write, `length` payload bytes
 //   response (24 B): u8 kind|0x80 | u8 status | u16 0 | u32 0 | u64 request id |
 //                    u64 payload length
@@ -12,6 +13,10 @@
 //
 // A write's payload always follows its header in full, even when the owner
 // will refuse it (the owner discards it), so the stream never loses framing.
+// `region size` is the buffer size the reader's handle claims: the owner
+// refuses every request whose claim differs from the registered size, so a
+// handle forged to look larger than its buffer moves no byte at all, not
+// even through the chunks of its op that happen to lie within bounds.
 // Anything else that breaks these rules is a protocol error: the receiving
 // side closes the connection. All integers are little-endian.
 #pragma once
@@ -38,10 +43,11 @@ struct RequestHeader {
   uint64_t request_id;
   uint64_t buffer_id;
   uint8_t token[16];
+  uint64_t region_size;
   uint64_t offset;
   uint64_t length;
 };
-static_assert(sizeof(RequestHeader) == 56, "the wire layout has no padding");
+static_assert(sizeof(RequestHeader) == 64, "the wire layout has no padding");
 
 struct ResponseHeader {
   uint8_t kind;

@@ -81,7 +81,7 @@ Status ServerConnection::resolve(const RequestHeader& h, std::byte** at) {
     pin_id_ = h.buffer_id;
     pin_token_ = token;
   }
-  if (!range_fits(h.offset, h.length, pin_.size())) {
+  if (h.region_size != pin_.size() || !range_fits(h.offset, h.length, pin_.size())) {
     return InvalidArgument("range out of bounds");
   }
   *at = pin_.data() + h.offset;

@@ -2,8 +2,9 @@
 
 #include <sys/socket.h>
 
+#include <map>
 #include <mutex>
-#include <unordered_map>
+#include <utility>
 
 #include "backends/tcp/client.h"
 #include "backends/tcp/server.h"
@@ -13,6 +14,9 @@
 
 namespace rdmabuf::tcp {
 namespace {
+
+// Peers are pruned (idle ones forgotten) when this many are known.
+constexpr size_t kPrunePeersAt = 64;
 
 class TcpBackend final : public Backend {
  public:
@@ -40,8 +44,8 @@ class TcpBackend final : public Backend {
   void submit(const std::shared_ptr<TransferState>& transfer,
               std::span<const uint32_t> indices) override {
     // Group by owner; almost always there is one.
-    Peer* last = nullptr;
-    uint64_t last_owner = 0;
+    std::shared_ptr<Peer> last;
+    const PeerIdentity* last_owner = nullptr;
     std::vector<uint32_t> run;
     auto flush = [&] {
       if (!run.empty()) last->submit(transfer, run, env_.config.chunk_size);
@@ -49,7 +53,9 @@ class TcpBackend final : public Backend {
     };
     for (uint32_t i : indices) {
       const RemoteBuffer& remote = transfer->op(i).remote;
-      if (!last || remote.owner().manager_id != last_owner) {
+      const PeerIdentity& owner = remote.owner();
+      if (!last || owner.manager_id != last_owner->manager_id ||
+          owner.address != last_owner->address) {
         flush();
         auto peer = peer_for(remote);
         if (!peer.ok()) {
@@ -57,8 +63,8 @@ class TcpBackend final : public Backend {
           last = nullptr;
           continue;
         }
-        last = *peer;
-        last_owner = remote.owner().manager_id;
+        last = std::move(peer).value();
+        last_owner = &owner;
       }
       run.push_back(i);
     }
@@ -86,11 +92,16 @@ class TcpBackend final : public Backend {
   }
 
  private:
-  Result<Peer*> peer_for(const RemoteBuffer& remote) {
+  Result<std::shared_ptr<Peer>> peer_for(const RemoteBuffer& remote) {
     std::lock_guard lock(peers_mu_);
     if (stopping_.load()) return Cancelled("the manager is shutting down");
-    auto it = peers_.find(remote.owner().manager_id);
-    if (it != peers_.end()) return it->second.get();
+    // Keyed by id and address both: a forged handle that pairs a genuine
+    // owner's id with another address gets a peer of its own, and cannot
+    // redirect the genuine handles (and their tokens) to that address.
+    PeerKey key{remote.owner().manager_id, remote.owner().address};
+    auto it = peers_.find(key);
+    if (it != peers_.end()) return it->second;
+    if (peers_.size() >= kPrunePeersAt) prune_idle_peers();
     RDMABUF_ASSIGN_OR_RETURN(HostPort address, parse_host_port(remote.owner().address));
     PeerContext context;
     context.address = std::move(address);
@@ -100,17 +111,27 @@ class TcpBackend final : public Backend {
     context.stall_timeout = env_.config.io_stall_timeout;
     context.stopping = &stopping_;
     context.stop_fd = stop_fd_.get();
-    auto peer = std::make_unique<Peer>(std::move(context), env_.config.tcp_streams);
-    Peer* raw = peer.get();
-    peers_.emplace(remote.owner().manager_id, std::move(peer));
-    return raw;
+    auto peer = std::make_shared<Peer>(std::move(context), env_.config.tcp_streams);
+    peers_.emplace(std::move(key), peer);
+    return peer;
+  }
+
+  // Forgets peers with no connection and no work, so that a reader that
+  // meets many short-lived owners does not keep state for each for ever.
+  void prune_idle_peers() {
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      // use_count 1: no submit holds it (they take it under peers_mu_).
+      bool unused = it->second.use_count() == 1 && it->second->idle();
+      it = unused ? peers_.erase(it) : std::next(it);
+    }
   }
 
   BackendEnv env_;
   Fd stop_fd_;
   std::atomic<bool> stopping_{false};
   std::mutex peers_mu_;
-  std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;
+  using PeerKey = std::pair<uint64_t, std::string>;
+  std::map<PeerKey, std::shared_ptr<Peer>> peers_;
 };
 
 }  // namespace

@@ -16,6 +16,19 @@ using Deadline = Clock::time_point;
 
 class TransferState;  // backend-facing side, see rdmabuf/backend.h
 
+// Now + `timeout`, saturating: a huge timeout (milliseconds::max()) means
+// no deadline, a negative one means now. Compared in the caller's units, so
+// no conversion overflows.
+template <typename Rep, typename Period>
+Deadline deadline_after(std::chrono::duration<Rep, Period> timeout) {
+  const Deadline now = Clock::now();
+  if (timeout <= timeout.zero()) return now;
+  const auto room =
+      std::chrono::duration_cast<std::chrono::duration<Rep, Period>>(Deadline::max() - now);
+  if (timeout >= room) return Deadline::max();
+  return now + std::chrono::duration_cast<Clock::duration>(timeout);
+}
+
 // A batch of ops in flight. Move-only.
 //
 // Lifetime and safety: once done() is true (after wait() returned, a
@@ -43,7 +56,12 @@ class Transfer {
   // Waits at most `timeout`; true when the transfer has finished (see
   // status()). Passing the transfer's own deadline meanwhile finishes it as
   // wait() does; otherwise a false return changes nothing.
-  bool wait_for(std::chrono::nanoseconds timeout);
+  template <typename Rep, typename Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) {
+    return wait_until(deadline_after(timeout));
+  }
+  // As wait_for, until a point in time.
+  bool wait_until(Deadline until);
 
   // Non-blocking: true when every op has finished. Also enforces the
   // deadline: past it, unfinished ops fail with kDeadlineExceeded.
