@@ -1,0 +1,209 @@
+// rdmabuf_test_peer: the owner process that integration tests spawn.
+//
+//   rdmabuf_test_peer [--buffer SIZE[:SEED]]... [--listen HOST:PORT]
+//
+// Creates a Manager from the RDMABUF_* environment (so a test can set, e.g.,
+// RDMABUF_MAX_CONNECTIONS), with --listen overriding the listen address.
+// Registers one buffer per --buffer (SIZE accepts K/M/G; SEED defaults to
+// the buffer's index + 1) filled with pattern SEED (tests/helpers/pattern.h),
+// then prints, one per line:
+//
+//   address HOST:PORT
+//   handle I TEXT        (one per buffer, TEXT = RemoteBuffer::to_text())
+//   ready
+//
+// and answers one line per command read from stdin:
+//
+//   ping                          -> pong
+//   release I                     -> ok | error STATUS
+//   crc I OFF LEN                 -> crc XXXXXXXX   (CRC-32C of the range)
+//   check I OFF LEN SEED START    -> ok | mismatch AT   (byte OFF+k must be
+//                                    pattern SEED at index START+k)
+//   zeros I OFF LEN               -> ok | mismatch AT
+//   words I OFF LEN SEED START    -> words N   (aligned 8-byte words equal to
+//                                    pattern SEED; see count_pattern_words)
+//   fill I SEED                   -> ok   (the whole buffer, pattern index 0)
+//   register SIZE SEED            -> handle I TEXT
+//   count                         -> count N   (Manager::registered_count)
+//   exit                          -> bye, then shuts the manager down and exits 0
+//
+// Anything unparsable answers "error ...". End of stdin (the test died)
+// exits at once. Buffers stay allocated after release, so a test can check
+// that a refused write left them unchanged.
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/crc32c.h"
+#include "rdmabuf/rdmabuf.h"
+#include "tests/helpers/pattern.h"
+#include "tests/helpers/sanitizer.h"
+
+namespace {
+
+using rdmabuf::LocalMemory;
+using rdmabuf::RemoteBuffer;
+
+struct Buffer {
+  LocalMemory memory;
+  RemoteBuffer handle;
+};
+
+void say(const std::string& line) {
+  std::string out = line + "\n";
+  const char* p = out.data();
+  size_t left = out.size();
+  while (left > 0) {
+    ssize_t n = ::write(STDOUT_FILENO, p, left);
+    if (n <= 0) std::_Exit(3);  // the test is gone
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+[[noreturn]] void die(const std::string& why) {
+  std::fprintf(stderr, "rdmabuf_test_peer: %s\n", why.c_str());
+  std::exit(2);
+}
+
+bool add_buffer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, uint64_t size,
+                uint64_t seed, std::string* error) {
+  auto memory = LocalMemory::allocate(size);
+  if (!memory.ok()) {
+    *error = memory.status().to_string();
+    return false;
+  }
+  rdmabuf::testing::fill_pattern(memory->span(), seed);
+  auto handle = manager.register_buffer(*memory);
+  if (!handle.ok()) {
+    *error = handle.status().to_string();
+    return false;
+  }
+  buffers.push_back(Buffer{*memory, *handle});
+  return true;
+}
+
+// Parses "I OFF LEN" against the buffers; false when out of range.
+bool parse_range(std::istringstream& in, const std::vector<Buffer>& buffers, size_t* index,
+                 uint64_t* offset, uint64_t* length) {
+  if (!(in >> *index >> *offset >> *length)) return false;
+  if (*index >= buffers.size()) return false;
+  uint64_t size = buffers[*index].memory.size();
+  return *offset <= size && *length <= size - *offset;
+}
+
+std::string answer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, const std::string& line,
+                   bool* exit_now) {
+  std::istringstream in(line);
+  std::string cmd;
+  in >> cmd;
+  size_t index = 0;
+  uint64_t offset = 0, length = 0, seed = 0, start = 0;
+  if (cmd == "ping") return "pong";
+  if (cmd == "release") {
+    if (!(in >> index) || index >= buffers.size()) return "error bad buffer index";
+    rdmabuf::Status st = manager.release(buffers[index].handle);
+    return st.ok() ? "ok" : "error " + st.to_string();
+  }
+  if (cmd == "count") return "count " + std::to_string(manager.registered_count());
+  if (cmd == "exit") {
+    *exit_now = true;
+    return "bye";
+  }
+  if (cmd == "register") {
+    if (!(in >> length >> seed) || length == 0) return "error usage: register SIZE SEED";
+    std::string error;
+    if (!add_buffer(manager, buffers, length, seed, &error)) return "error " + error;
+    return "handle " + std::to_string(buffers.size() - 1) + " " + buffers.back().handle.to_text();
+  }
+  if (cmd == "fill") {
+    if (!(in >> index >> seed) || index >= buffers.size()) return "error usage: fill I SEED";
+    rdmabuf::testing::ScopedIgnoreAccesses quiet;
+    rdmabuf::testing::fill_pattern(buffers[index].memory.span(), seed);
+    return "ok";
+  }
+  if (!parse_range(in, buffers, &index, &offset, &length)) return "error bad range";
+  // Remote writes landed here through the manager's threads and a socket;
+  // see sanitizer.h.
+  rdmabuf::testing::ScopedIgnoreReads quiet;
+  std::span<const std::byte> range(buffers[index].memory.data() + offset, length);
+  if (cmd == "crc") {
+    char text[32];
+    std::snprintf(text, sizeof text, "crc %08" PRIx32, rdmabuf::crc32c(range.data(), range.size()));
+    return text;
+  }
+  if (cmd == "zeros") {
+    auto at = rdmabuf::testing::find_not(range, std::byte{0});
+    return at ? "mismatch " + std::to_string(*at) : "ok";
+  }
+  if (!(in >> seed >> start)) return "error usage: " + cmd + " I OFF LEN SEED START";
+  if (cmd == "check") {
+    auto at = rdmabuf::testing::find_mismatch(range, seed, start);
+    return at ? "mismatch " + std::to_string(*at) : "ok";
+  }
+  if (cmd == "words") {
+    return "words " + std::to_string(rdmabuf::testing::count_pattern_words(range, seed, start));
+  }
+  return "error unknown command '" + cmd + "'";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  struct Spec {
+    uint64_t size;
+    uint64_t seed;
+  };
+  std::vector<Spec> specs;
+  std::string listen;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--buffer" && i + 1 < argc) {
+      std::string spec = argv[++i];
+      size_t colon = spec.find(':');
+      auto size = rdmabuf::parse_size(spec.substr(0, colon));
+      if (!size.ok() || *size == 0) die("bad --buffer size '" + spec + "'");
+      uint64_t seed = specs.size() + 1;
+      if (colon != std::string::npos) seed = std::stoull(spec.substr(colon + 1));
+      specs.push_back(Spec{*size, seed});
+    } else if (arg == "--listen" && i + 1 < argc) {
+      listen = argv[++i];
+    } else {
+      die("usage: rdmabuf_test_peer [--buffer SIZE[:SEED]]... [--listen HOST:PORT]");
+    }
+  }
+
+  auto config = rdmabuf::Config::from_env();
+  if (!config.ok()) die(config.status().to_string());
+  if (!listen.empty()) config->listen_address = listen;
+  auto manager = rdmabuf::Manager::create(*config);
+  if (!manager.ok()) die("cannot start a manager: " + manager.status().to_string());
+
+  std::vector<Buffer> buffers;
+  for (const Spec& spec : specs) {
+    std::string error;
+    if (!add_buffer(**manager, buffers, spec.size, spec.seed, &error)) die(error);
+  }
+  say("address " + (*manager)->address());
+  for (size_t i = 0; i < buffers.size(); ++i)
+    say("handle " + std::to_string(i) + " " + buffers[i].handle.to_text());
+  say("ready");
+
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    bool exit_now = false;
+    say(answer(**manager, buffers, line, &exit_now));
+    if (exit_now) {
+      (*manager)->shutdown();
+      return 0;
+    }
+  }
+  // stdin closed: the test that started us is gone.
+  return 0;
+}
