@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Prepares a machine to build and test rdmabuf, then builds it.
+#
+# On Debian 12: installs the packages the build, the tests and the benchmark
+# peers need (only the missing ones; nothing is downloaded when all are
+# present), then configures and builds with warnings as errors.
+#
+#   scripts/setup.sh                      build into ./build
+#   RDMABUF_BUILD_DIR=build-asan RDMABUF_CMAKE_ARGS=-DRDMABUF_SANITIZE=address scripts/setup.sh
+#
+# Safe to run again: a second run installs nothing and rebuilds only what
+# changed. Works from any directory.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+build_dir=${RDMABUF_BUILD_DIR:-build}
+
+# Build: cmake ninja-build g++ make pkg-config; tests: googletest libgtest-dev;
+# format check: clang-format; benchmark peers: iperf3 qperf.
+packages=(cmake ninja-build g++ make pkg-config googletest libgtest-dev clang-format iperf3 qperf)
+
+installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+install_packages() {
+  if ! command -v dpkg-query >/dev/null 2>&1; then
+    echo "setup: not a Debian system; make sure these (or equivalents) are installed:" \
+      "${packages[*]}" >&2
+    return
+  fi
+  local missing=()
+  for p in "${packages[@]}"; do
+    installed "$p" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      echo "setup: missing packages (${missing[*]}); run as root or install sudo" >&2
+      exit 1
+    fi
+    sudo=(sudo)
+  fi
+  echo "setup: installing ${missing[*]}"
+  # noninteractive: iperf3 would otherwise ask whether to start a daemon.
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+install_packages
+
+configure=(cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDMABUF_WERROR=ON)
+# An existing build directory keeps the generator it was made with.
+[ -f "$build_dir/CMakeCache.txt" ] || configure+=(-G Ninja)
+# shellcheck disable=SC2206  # word splitting of extra arguments is intended
+configure+=(${RDMABUF_CMAKE_ARGS:-})
+"${configure[@]}"
+cmake --build "$build_dir"
