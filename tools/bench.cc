@@ -467,8 +467,9 @@ int cmd_bench(int argc, char** argv) {
     std::printf("\n(iperf3 not found: install it to see the raw TCP figure beside rdmabuf's)\n");
   }
   std::printf(
-      "\nrows with batch 1 are single round trips; bandwidth rows keep --window (%s) of ops\n"
-      "in flight per repetition; GB/s = 1e9 bytes per second.\n",
+      "\nlatency rows (8 B, 4 KiB, batch 1): single round trips, submit to wait; rate rows\n"
+      "(64 B): --batch ops submitted at once; bandwidth rows: --window (%s) of ops in flight\n"
+      "per repetition, or one op when it is larger. GB/s = 1e9 bytes per second.\n",
       format_bytes(o.window).c_str());
   return kExitOk;
 }

@@ -19,8 +19,9 @@ constexpr size_t kRxBytes = 256 << 10;
 // Read payloads up to this size are copied into the batched reply buffer;
 // larger ones are sent straight from the registered memory.
 constexpr uint64_t kInlineReply = 16 << 10;
-// Replies are flushed once this many bytes are batched.
-constexpr size_t kTxFlushAt = 256 << 10;
+// Gathered replies are sent once this many bytes or pieces are waiting.
+constexpr size_t kFlushAtBytes = 4 << 20;
+constexpr size_t kMaxIov = 64;
 constexpr size_t kScratchBytes = 64 << 10;
 
 bool tokens_equal(const uint8_t* a, const Token& b) {
@@ -70,8 +71,12 @@ void ServerConnection::run() {
   }
 }
 
+bool ServerConnection::pin_matches(const RequestHeader& h) const {
+  return pin_.held() && pin_id_ == h.buffer_id && tokens_equal(h.token, pin_token_);
+}
+
 Status ServerConnection::resolve(const RequestHeader& h, std::byte** at) {
-  if (!pin_.held() || pin_id_ != h.buffer_id || !tokens_equal(h.token, pin_token_)) {
+  if (!pin_matches(h)) {
     pin_.reset();
     Token token;
     std::memcpy(token.data(), h.token, token.size());
@@ -88,15 +93,31 @@ Status ServerConnection::resolve(const RequestHeader& h, std::byte** at) {
   return Status::Ok();
 }
 
+void ServerConnection::append_bytes(const void* data, size_t size) {
+  size_t at = tx_.size();
+  tx_.resize(at + size);
+  std::memcpy(tx_.data() + at, data, size);
+  if (!out_.empty() && out_.back().external == nullptr) {
+    out_.back().size += size;
+  } else {
+    out_.push_back(OutSegment{nullptr, size});
+  }
+  out_bytes_ += size;
+}
+
+void ServerConnection::append_external(const std::byte* data, size_t size) {
+  out_.push_back(OutSegment{data, size});
+  out_bytes_ += size;
+  ++externals_;
+}
+
 void ServerConnection::append_reply(const RequestHeader& h, StatusCode code, uint64_t payload) {
   ResponseHeader r{};
   r.kind = static_cast<uint8_t>(h.kind | kResponseBit);
   r.status = static_cast<uint8_t>(code);
   r.request_id = h.request_id;
   r.payload = payload;
-  size_t at = tx_.size();
-  tx_.resize(at + sizeof r);
-  std::memcpy(tx_.data() + at, &r, sizeof r);
+  append_bytes(&r, sizeof r);
 }
 
 bool ServerConnection::process() {
@@ -111,24 +132,21 @@ bool ServerConnection::process() {
       return false;
     }
     pos += sizeof h;
+    // Gathered payloads point into the pinned buffer: send them before the
+    // pin moves to another buffer.
+    if (has_external() && !pin_matches(h) && !flush()) return false;
     std::byte* at = nullptr;
     Status st = resolve(h, &at);
     if (h.kind == static_cast<uint8_t>(RequestKind::kRead)) {
       if (!st.ok()) {
         append_reply(h, st.code(), 0);
-      } else if (h.length <= kInlineReply) {
-        append_reply(h, StatusCode::kOk, h.length);
-        size_t end = tx_.size();
-        tx_.resize(end + h.length);
-        std::memcpy(tx_.data() + end, at, h.length);
       } else {
-        if (!flush()) return false;
-        ResponseHeader r{};
-        r.kind = static_cast<uint8_t>(h.kind | kResponseBit);
-        r.request_id = h.request_id;
-        r.payload = h.length;
-        iovec iov[2] = {{&r, sizeof r}, {at, h.length}};
-        if (!send_blocking(iov, 2)) return false;
+        append_reply(h, StatusCode::kOk, h.length);
+        if (h.length <= kInlineReply) {
+          append_bytes(at, h.length);
+        } else {
+          append_external(at, h.length);
+        }
       }
     } else {
       // The payload follows in full whatever we answer; take it.
@@ -137,20 +155,24 @@ bool ServerConnection::process() {
       pos += buffered;
       size_t rest = h.length - buffered;
       if (rest > 0) {
+        // The reader may be waiting for earlier replies; do not make it wait
+        // for this payload too.
+        if (!flush()) return false;
         bool ok = st.ok() ? recv_blocking(at + buffered, rest) : discard_blocking(rest);
         if (!ok) return false;
       }
       append_reply(h, st.code(), 0);
     }
-    if (tx_.size() >= kTxFlushAt && !flush()) return false;
+    if ((out_bytes_ >= kFlushAtBytes || out_.size() >= kMaxIov) && !flush()) return false;
   }
   // Keep the partial request, if any, at the front.
   std::memmove(rx_.get(), rx_.get() + pos, rx_end_ - pos);
   rx_end_ -= pos;
+  // Nothing half-received: reply now rather than after one more recv. And
+  // never keep payloads of a pin we are about to drop.
+  bool ok = (rx_end_ == 0 || has_external()) ? flush() : true;
   drop_pin();
-  // Nothing half-received: reply now rather than after one more recv.
-  if (rx_end_ == 0) return flush();
-  return true;
+  return ok;
 }
 
 bool ServerConnection::wait(short events) {
@@ -163,10 +185,27 @@ bool ServerConnection::wait(short events) {
 }
 
 bool ServerConnection::flush() {
-  if (tx_.empty()) return true;
-  iovec iov{tx_.data(), tx_.size()};
-  bool ok = send_blocking(&iov, 1);
+  bool ok = true;
+  size_t arena_at = 0;
+  size_t next = 0;
+  while (ok && next < out_.size()) {
+    iovec iov[kMaxIov];
+    int count = 0;
+    for (; next < out_.size() && count < static_cast<int>(kMaxIov); ++next) {
+      const OutSegment& seg = out_[next];
+      if (seg.external) {
+        iov[count++] = {const_cast<std::byte*>(seg.external), seg.size};
+      } else {
+        iov[count++] = {tx_.data() + arena_at, seg.size};
+        arena_at += seg.size;
+      }
+    }
+    ok = send_blocking(iov, count);
+  }
   tx_.clear();
+  out_.clear();
+  out_bytes_ = 0;
+  externals_ = 0;
   return ok;
 }
 

@@ -25,8 +25,10 @@ struct ServerSettings {
 // breaks the protocol, stalls mid-frame for stall_timeout, or the backend
 // shuts down. Every request is checked (token, buffer id, bounds) against
 // the registry; a refused request gets an error reply and the connection
-// goes on. Small replies are batched into one send; large payloads go
-// straight between the socket and the registered memory.
+// goes on. Replies are gathered and sent together (up to kMaxIov pieces per
+// sendmsg): headers and small payloads copied into one buffer, large read
+// payloads straight from the registered memory; large write payloads are
+// received straight into it.
 class ServerConnection final : public PinAbort {
  public:
   ServerConnection(Fd fd, const ServerSettings& settings);
@@ -35,9 +37,22 @@ class ServerConnection final : public PinAbort {
   void abort_pinned_io() override;
 
  private:
+  // A piece of the gathered output: the next `size` bytes of tx_, or
+  // `size` bytes of pinned memory at `external`.
+  struct OutSegment {
+    const std::byte* external;
+    size_t size;
+  };
+
   bool process();
+  bool pin_matches(const RequestHeader& h) const;
   Status resolve(const RequestHeader& h, std::byte** at);
   void append_reply(const RequestHeader& h, StatusCode code, uint64_t payload);
+  void append_bytes(const void* data, size_t size);
+  void append_external(const std::byte* data, size_t size);
+  bool has_external() const { return externals_ > 0; }
+  // Sends everything gathered; external pieces are sent before the pin that
+  // covers them may change.
   bool flush();
   bool send_blocking(iovec* iov, int count);
   bool recv_blocking(void* dst, size_t size);
@@ -50,6 +65,9 @@ class ServerConnection final : public PinAbort {
   std::unique_ptr<uint8_t[]> rx_;
   size_t rx_end_ = 0;
   std::vector<uint8_t> tx_;
+  std::vector<OutSegment> out_;
+  size_t out_bytes_ = 0;
+  size_t externals_ = 0;
   // The buffer pinned for the requests being processed, with the id and the
   // token it was checked against.
   PinnedRegion pin_;
