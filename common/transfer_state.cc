@@ -66,7 +66,21 @@ void TransferState::finish_op() {
 void TransferState::publish() {
   if (finished_.exchange(1, std::memory_order_seq_cst) == 0) {
     if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(finished_);
+    // Only this thread gets here, once: the exchange above decided it.
+    if (on_finish_) {
+      auto on_finish = std::move(on_finish_);
+      on_finish_ = nullptr;
+      on_finish();
+    }
   }
+}
+
+void TransferState::set_on_finish(std::function<void()> on_finish) {
+  if (finished()) {
+    if (on_finish) on_finish();
+    return;
+  }
+  on_finish_ = std::move(on_finish);
 }
 
 void TransferState::set_route(size_t index, std::string_view backend, std::string note) {

@@ -14,6 +14,7 @@
 #include "common/op_text.h"
 #include "common/strings.h"
 #include "core/backend_table.h"
+#include "core/deadline_watcher.h"
 #include "core/listener.h"
 #include "core/registry.h"
 
@@ -41,7 +42,8 @@ class ManagerImpl {
   Result<RemoteBuffer> register_buffer(LocalMemory memory);
   Status release(const RemoteBuffer& handle);
   size_t registered_count() const { return registry_.size(); }
-  Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout);
+  Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
+                  std::function<void()> on_done);
   void shutdown();
 
  private:
@@ -66,6 +68,7 @@ class ManagerImpl {
   Registry registry_;
   std::vector<Slot> slots_;  // priority order, best first
   std::unique_ptr<Listener> listener_;
+  DeadlineWatcher deadlines_;
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> shut_down_{false};
   std::mutex shutdown_mu_;
@@ -317,10 +320,23 @@ void ManagerImpl::log_note_once(const RemoteBuffer& remote, const std::string& b
                    ", not a better transport the owner offers: " + note);
 }
 
-Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds timeout) {
+Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
+                             std::function<void()> on_done) {
   // Saturating: a huge timeout means no deadline, not an overflow.
   auto state =
       std::make_shared<TransferState>(std::move(ops), deadline_after(timeout), config_.busy_poll);
+  if (on_done) {
+    // Watch the deadline, and stop watching once finished. The watcher
+    // holds the transfer weakly: dropping every Transfer handle still
+    // cancels it (and so runs on_done).
+    const bool timed = state->deadline() != Deadline::max();
+    TransferState* raw = state.get();
+    state->set_on_finish([this, raw, timed, on_done = std::move(on_done)] {
+      if (timed) deadlines_.forget(raw);
+      on_done();
+    });
+    if (timed && !state->finished()) deadlines_.watch(state);
+  }
   if (shut_down_.load()) {
     for (size_t i = 0; i < state->op_count(); ++i) {
       state->fail_op(i, FailedPrecondition("the manager is shut down"));
@@ -364,6 +380,7 @@ void ManagerImpl::shutdown() {
     if (slot.backend) slot.backend->shutdown();
   }
   listener_->join_connections();
+  deadlines_.stop();
   for (uint64_t id : registry_.ids()) {
     registry_.release(id).ignore();
     for (Slot& slot : slots_) {
@@ -413,7 +430,12 @@ size_t Manager::registered_count() const {
 }
 
 Transfer Manager::submit(std::vector<Op> ops, std::chrono::milliseconds timeout) {
-  return impl_->submit(std::move(ops), timeout);
+  return impl_->submit(std::move(ops), timeout, nullptr);
+}
+
+Transfer Manager::submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
+                         std::function<void()> on_done) {
+  return impl_->submit(std::move(ops), timeout, std::move(on_done));
 }
 
 Status Manager::read_into(const RemoteBuffer& src, const LocalMemory& dst,

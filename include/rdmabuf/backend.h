@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -92,6 +93,12 @@ class TransferState {
 
   // --- For the manager ----------------------------------------------------
 
+  // Sets the function run exactly once when the transfer finishes (every op
+  // done or failed, cancelled, or past its deadline), on whichever thread
+  // finishes it (at once, on this thread, if it has finished already: a
+  // transfer of no ops). Call before handing the transfer to any backend.
+  void set_on_finish(std::function<void()> on_finish);
+
   // Records which backend runs op `index` and, when it is not the best the
   // owner offers, why.
   void set_route(size_t index, std::string_view backend, std::string note);
@@ -137,6 +144,8 @@ class TransferState {
   // 0 until every op has finished or the transfer was cancelled; a futex word.
   std::atomic<uint32_t> finished_{0};
   std::atomic<uint32_t> sleepers_{0};
+  // Run by the thread whose publish() finishes the transfer, then dropped.
+  std::function<void()> on_finish_;
 };
 
 // ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,6 +71,15 @@ class Manager {
   // an empty handle fails alone with kInvalidArgument before any byte moves;
   // the others go on. `timeout` bounds the whole transfer (see Transfer).
   Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout);
+
+  // The same, and `on_done` runs exactly once when the transfer finishes:
+  // every op done or failed, cancelled, or the deadline passed. The manager
+  // enforces the deadline of such a transfer itself, so `on_done` fires on
+  // time even when nobody waits. It runs on a library thread (or, for a
+  // transfer that fails at once, inside this call): keep it short and never
+  // block in it; reading the Transfer's statuses from it is fine.
+  Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
+                  std::function<void()> on_done);
 
   // Blocking conveniences for one op; `timeout` defaults to
   // config().default_timeout. They return the op's status.

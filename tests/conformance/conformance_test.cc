@@ -821,6 +821,115 @@ TEST_P(ConformanceTest, ZeroTimeoutFailsWithDeadlineExceededAndNeverHangs) {
   EXPECT_EQ(find_mismatch(dst.span(), 191), std::nullopt);
 }
 
+// --- Completion callbacks: exactly once, however a transfer ends ----------
+
+// Counts completions; each records the transfer's status as seen from
+// inside the callback.
+struct Completions {
+  std::atomic<int> fired{0};
+  std::promise<void> first;
+  std::function<void()> callback() {
+    return [this] {
+      if (fired.fetch_add(1) == 0) first.set_value();
+    };
+  }
+  bool wait(std::chrono::milliseconds limit) {
+    return first.get_future().wait_for(limit) == std::future_status::ready;
+  }
+};
+
+TEST_P(ConformanceTest, CallbackFiresOnceOnSuccessAndStatusesAreReadable) {
+  Owned o = own(1 << 20, 201);
+  LocalMemory dst = allocate(1 << 20);
+  Completions c;
+  Transfer t = reader_->submit(one(Op::read(o.handle, dst)), kTimeout, c.callback());
+  ASSERT_TRUE(c.wait(kTimeout));
+  EXPECT_TRUE(t.done()) << "the callback runs once the transfer has finished";
+  EXPECT_TRUE(t.status().ok()) << t.status().to_string();
+  EXPECT_EQ(find_mismatch(dst.span(), 201), std::nullopt);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(c.fired.load(), 1);
+}
+
+TEST_P(ConformanceTest, CallbackFiresOnceOnFailure) {
+  Owned o = own(4096, 202);
+  ASSERT_TRUE(owner_->release(o.handle).ok());
+  LocalMemory dst = allocate(4096);
+  Completions c;
+  Transfer t = reader_->submit(one(Op::read(o.handle, dst)), kTimeout, c.callback());
+  ASSERT_TRUE(c.wait(kTimeout));
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound) << t.status().to_string();
+  t = Transfer();  // dropping a finished transfer fires nothing more
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(c.fired.load(), 1);
+}
+
+TEST_P(ConformanceTest, CallbackFiresInsideSubmitWhenNothingCanStart) {
+  LocalMemory dst = allocate(16);
+  Completions none, invalid;
+  Transfer empty = reader_->submit({}, kTimeout, none.callback());
+  EXPECT_EQ(none.fired.load(), 1) << "a transfer of no ops is finished at once";
+  Transfer bad = reader_->submit(one(Op::read(RemoteBuffer(), dst)), kTimeout, invalid.callback());
+  EXPECT_EQ(invalid.fired.load(), 1) << "an op that fails validation finishes inside submit";
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(ConformanceTest, CallbackFiresAtTheDeadlineWithNobodyWaiting) {
+  Owned o = own(1 << 20, 203);
+  LocalMemory dst = allocate(1 << 20);
+  // A zero timeout: the deadline has passed at once; nobody calls wait(),
+  // so only the manager can enforce it.
+  for (int i = 0; i < 100; ++i) {
+    Completions c;
+    Transfer t = reader_->submit(one(Op::read(o.handle, dst)), 0ms, c.callback());
+    ASSERT_TRUE(c.wait(5000ms)) << "round " << i << ": the callback never fired";
+    Status s = t.status();
+    EXPECT_TRUE(s.ok() || s.code() == StatusCode::kDeadlineExceeded) << s.to_string();
+    t = Transfer();
+    EXPECT_EQ(c.fired.load(), 1);
+  }
+}
+
+TEST_P(ConformanceTest, CallbackFiresWhenTheTransferIsDroppedOrCancelled) {
+  Owned o = own(4 << 20, 204);
+  LocalMemory dst = allocate(4 << 20);
+  for (int i = 0; i < 50; ++i) {
+    Completions dropped, cancelled;
+    { Transfer t = reader_->submit(one(Op::read(o.handle, dst)), kTimeout, dropped.callback()); }
+    EXPECT_EQ(dropped.fired.load(), 1) << "~Transfer finishes the transfer, so the callback ran";
+    Transfer t = reader_->submit(one(Op::read(o.handle, dst)), kTimeout, cancelled.callback());
+    t.cancel();
+    EXPECT_EQ(cancelled.fired.load(), 1);
+    Status s = t.status();
+    EXPECT_TRUE(s.ok() || s.code() == StatusCode::kCancelled) << s.to_string();
+  }
+}
+
+TEST_P(ConformanceTest, CallbacksFireOnceEachUnderLoadAndOnShutdown) {
+  Owned o = own(1 << 20, 205);
+  auto reader = make();
+  ASSERT_NE(reader, nullptr);
+  constexpr int kTransfers = 2000;
+  // Each transfer its own destination: concurrent reads into one range race.
+  LocalMemory dst = allocate(static_cast<size_t>(kTransfers) * 4096);
+  std::atomic<int> fired{0};
+  std::vector<Transfer> kept;
+  for (int i = 0; i < kTransfers; ++i) {
+    auto remote = slice(o.handle, static_cast<uint64_t>(i % 64) * 4096, 4096);
+    auto local = slice(dst, static_cast<size_t>(i) * 4096, 4096);
+    // A mix: some finish, some time out, some are cut short by shutdown.
+    auto timeout = i % 3 == 0 ? 0ms : std::chrono::milliseconds(kTimeout);
+    kept.push_back(reader->submit(one(Op::read(remote, local)), timeout, [&] { fired++; }));
+  }
+  reader->shutdown();
+  // Everything has finished by now: shutdown fails what was in flight.
+  for (Transfer& t : kept)
+    EXPECT_TRUE(t.done());
+  EXPECT_EQ(fired.load(), kTransfers);
+  kept.clear();
+  EXPECT_EQ(fired.load(), kTransfers) << "no callback fires twice";
+}
+
 std::string backend_name(const ::testing::TestParamInfo<std::string>& info) {
   return info.param;
 }

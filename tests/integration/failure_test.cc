@@ -337,6 +337,31 @@ TEST(FailureTest, StoppedPeerTimesOutAndNoByteLandsAfterwards) {
   expect_clean_exit(*peer);
 }
 
+// A transfer with a completion callback to a stopped peer, and nobody
+// waiting: the manager itself enforces the deadline, so the callback fires
+// on time with DeadlineExceeded.
+TEST(FailureTest, CallbackFiresAtTheDeadlineOfAStoppedPeerWithNobodyWaiting) {
+  auto peer = start_peer({{1 << 20, 75}});
+  ASSERT_NE(peer, nullptr);
+  auto reader = make_manager();
+  ASSERT_NE(reader, nullptr);
+  LocalMemory dst = with_sentinel(1 << 20);
+  ASSERT_TRUE(reader->read_into(peer->handle(0), dst, kTimeout).ok());  // connected
+  ASSERT_TRUE(peer->process().stop());
+  std::promise<Clock::time_point> fired;
+  auto start = Clock::now();
+  Transfer t = reader->submit({Op::read(peer->handle(0), dst)}, 300ms,
+                              [&] { fired.set_value(Clock::now()); });
+  auto when = fired.get_future();
+  ASSERT_EQ(when.wait_for(5s), std::future_status::ready) << "the callback never fired";
+  auto took = when.get() - start;
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 3s);
+  EXPECT_EQ(t.status().code(), StatusCode::kDeadlineExceeded) << t.status().to_string();
+  ASSERT_TRUE(peer->process().resume());
+  expect_clean_exit(*peer);
+}
+
 // A batch over a stopped peer and a live one: the live peer's ops finish
 // on time; only the stopped peer's ops time out.
 TEST(FailureTest, StoppedPeerFailsAloneInABatch) {

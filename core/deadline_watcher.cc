@@ -1,0 +1,50 @@
+#include "core/deadline_watcher.h"
+
+namespace rdmabuf {
+
+void DeadlineWatcher::watch(const std::shared_ptr<TransferState>& transfer) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  bool earliest = pending_.empty() || transfer->deadline() < pending_.begin()->first.first;
+  pending_.emplace(Key{transfer->deadline(), transfer.get()}, transfer);
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  if (earliest) changed_.notify_one();
+}
+
+void DeadlineWatcher::forget(const TransferState* transfer) {
+  std::lock_guard lock(mu_);
+  pending_.erase(Key{transfer->deadline(), transfer});
+}
+
+void DeadlineWatcher::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    pending_.clear();
+  }
+  changed_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DeadlineWatcher::run() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    if (pending_.empty()) {
+      changed_.wait(lock);
+      continue;
+    }
+    auto first = pending_.begin();
+    if (Clock::now() < first->first.first) {
+      changed_.wait_until(lock, first->first.first);
+      continue;
+    }
+    std::weak_ptr<TransferState> due = std::move(first->second);
+    pending_.erase(first);
+    lock.unlock();
+    // Outside the lock: cancelling runs the completion, which calls forget().
+    if (auto transfer = due.lock()) transfer->enforce_deadline();
+    lock.lock();
+  }
+}
+
+}  // namespace rdmabuf
