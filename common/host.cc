@@ -5,6 +5,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,6 +24,12 @@ std::string this_host_id() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   return std::string("host:") + name;
+}
+
+uint64_t pid_namespace_id() {
+  struct stat st {};
+  if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
 }
 
 void secure_random(void* out, size_t size) {

@@ -13,6 +13,11 @@ namespace rdmabuf {
 // the hostname where /proc does not tell.
 std::string this_host_id();
 
+// Identifies this process's PID namespace (the inode of /proc/self/ns/pid);
+// 0 when it cannot be read. Two processes can address each other by pid
+// only when these match.
+uint64_t pid_namespace_id();
+
 // Fills `size` bytes from the kernel's CSPRNG (getrandom). Aborts if the
 // kernel cannot supply randomness: tokens must never be predictable.
 void secure_random(void* out, size_t size);

@@ -12,6 +12,11 @@
 
 namespace rdmabuf {
 
+namespace {
+// The transfer whose on_finish runs on this thread, if any.
+thread_local const TransferState* t_running_on_finish = nullptr;
+}  // namespace
+
 struct TransferState::OpState {
   std::atomic<uint32_t> parts_left{1};
   // 0: no error recorded; 1: an error is being written; 2: `status` is final.
@@ -70,7 +75,11 @@ void TransferState::publish() {
     if (on_finish_) {
       auto on_finish = std::move(on_finish_);
       on_finish_ = nullptr;
+      const TransferState* outer = t_running_on_finish;
+      t_running_on_finish = this;
       on_finish();
+      t_running_on_finish = outer;
+      on_finish_state_.store(2, std::memory_order_release);
     }
   }
 }
@@ -81,6 +90,9 @@ void TransferState::set_on_finish(std::function<void()> on_finish) {
     return;
   }
   on_finish_ = std::move(on_finish);
+  // Pending from now on: once finished() is true, a waiter in
+  // await_on_finish() waits until the publishing thread has run it.
+  if (on_finish_) on_finish_state_.store(1, std::memory_order_release);
 }
 
 void TransferState::set_route(size_t index, std::string_view backend, std::string note) {
@@ -126,6 +138,13 @@ void TransferState::cancel(StatusCode code, std::string_view why) {
   publish();
 }
 
+void TransferState::await_on_finish() const {
+  if (t_running_on_finish == this) return;  // called from inside it
+  // on_finish is short by contract; yield until it has returned.
+  while (on_finish_state_.load(std::memory_order_acquire) == 1)
+    sched_yield();
+}
+
 bool TransferState::enforce_deadline() {
   if (finished()) return true;
   if (Clock::now() < deadline_) return false;
@@ -166,20 +185,26 @@ Transfer::Transfer(Transfer&&) noexcept = default;
 
 Transfer& Transfer::operator=(Transfer&& other) noexcept {
   if (this != &other) {
-    if (state_) state_->cancel(StatusCode::kCancelled, "transfer replaced before it finished");
+    if (state_) {
+      state_->cancel(StatusCode::kCancelled, "transfer replaced before it finished");
+      state_->await_on_finish();
+    }
     state_ = std::move(other.state_);
   }
   return *this;
 }
 
 Transfer::~Transfer() {
-  if (state_) state_->cancel(StatusCode::kCancelled, "transfer destroyed before it finished");
+  if (!state_) return;
+  state_->cancel(StatusCode::kCancelled, "transfer destroyed before it finished");
+  state_->await_on_finish();
 }
 
 Status Transfer::wait() {
   if (!state_) return Status::Ok();
   state_->wait_until(state_->deadline());
   state_->enforce_deadline();
+  state_->await_on_finish();
   return state_->status();
 }
 
@@ -195,7 +220,9 @@ bool Transfer::done() const {
 }
 
 void Transfer::cancel() {
-  if (state_) state_->cancel(StatusCode::kCancelled, "cancelled by the caller");
+  if (!state_) return;
+  state_->cancel(StatusCode::kCancelled, "cancelled by the caller");
+  state_->await_on_finish();
 }
 
 Status Transfer::status() const {

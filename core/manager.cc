@@ -200,7 +200,7 @@ Result<RemoteBuffer> ManagerImpl::register_buffer(LocalMemory memory) {
   std::vector<Backend*> registered;
   for (Slot& slot : slots_) {
     if (!slot.backend) continue;
-    auto ctx = slot.backend->register_memory(id, memory);
+    auto ctx = slot.backend->register_memory(id, memory, fields.token);
     if (ctx.ok()) {
       fields.contexts.push_back(std::move(ctx).value());
       registered.push_back(slot.backend.get());
@@ -366,7 +366,9 @@ Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds time
     state->set_route(i, name, std::move(route->note));
     per_slot[route->slot].push_back(static_cast<uint32_t>(i));
   }
-  for (size_t s = 0; s < slots_.size(); ++s) {
+  // Slowest transport first: a backend that copies inside submit (memory)
+  // must not hold up ops that wait on a network.
+  for (size_t s = slots_.size(); s-- > 0;) {
     if (!per_slot[s].empty()) slots_[s].backend->submit(state, per_slot[s]);
   }
   return Transfer(state);

@@ -33,7 +33,7 @@ class TcpBackend final : public Backend {
     return info;
   }
 
-  Result<BackendContext> register_memory(uint64_t, const LocalMemory&) override {
+  Result<BackendContext> register_memory(uint64_t, const LocalMemory&, const Token&) override {
     // Readers dial the owner's listener (in the handle); nothing else to say.
     return BackendContext{"tcp", {}};
   }

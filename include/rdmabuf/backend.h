@@ -118,6 +118,9 @@ class TransferState {
   // Enforces the deadline: when it has passed and the transfer has not
   // finished, cancels with kDeadlineExceeded. True when finished afterwards.
   bool enforce_deadline();
+  // Once finished: returns when the on_finish function has returned (at
+  // once if there is none, or when called from inside it).
+  void await_on_finish() const;
 
   Status status() const;
   Status op_status(size_t index) const;
@@ -146,6 +149,8 @@ class TransferState {
   std::atomic<uint32_t> sleepers_{0};
   // Run by the thread whose publish() finishes the transfer, then dropped.
   std::function<void()> on_finish_;
+  // 0: none; 1: set and not yet returned; 2: returned.
+  std::atomic<uint32_t> on_finish_state_{0};
 };
 
 // ---------------------------------------------------------------------------
@@ -236,13 +241,16 @@ class Backend {
   // Facts for display (devices, limits).
   virtual BackendInfo info() const = 0;
 
-  // Owner side. Prepares `memory`, registered as buffer `id`, for access by
-  // peers through this backend (pins it, registers it with a NIC, ...), and
-  // returns what goes into handles for readers to use. On failure the buffer
-  // is simply not offered through this backend.
-  virtual Result<BackendContext> register_memory(uint64_t id, const LocalMemory& memory) = 0;
-  // Owner side. Undoes register_memory; called by release() once no access
-  // through this backend is in flight.
+  // Owner side. Prepares `memory`, registered as buffer `id` with capability
+  // `token`, for access by peers through this backend (pins it, registers it
+  // with a NIC, publishes it to same-host readers, ...), and returns what
+  // goes into handles for readers to use. On failure the buffer is simply
+  // not offered through this backend.
+  virtual Result<BackendContext> register_memory(uint64_t id, const LocalMemory& memory,
+                                                 const Token& token) = 0;
+  // Owner side. Undoes register_memory; called by release() after the
+  // registry has no pins left. Returns only when no access through this
+  // backend is in flight (the memory may be freed right after).
   virtual void unregister_memory(uint64_t id) = 0;
 
   // Reader side. OK when this backend can carry ops on `remote` from here;

@@ -78,6 +78,8 @@ class Manager {
   // time even when nobody waits. It runs on a library thread (or, for a
   // transfer that fails at once, inside this call): keep it short and never
   // block in it; reading the Transfer's statuses from it is fine.
+  // Transfer::wait, cancel and the destructor return only after on_done
+  // has returned (except when called from inside on_done).
   Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
                   std::function<void()> on_done);
 

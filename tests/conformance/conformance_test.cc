@@ -35,6 +35,7 @@ using testing::ScopedIgnoreReads;
 
 std::vector<std::string> backends_under_test() {
   return {
+      "memory",
       "tcp",
   };
 }

@@ -16,6 +16,10 @@
 //
 //   ping                          -> pong
 //   release I                     -> ok | error STATUS
+//   release-watch I MS            -> stable | changed AT | error STATUS
+//                                    (releases buffer I, copies its bytes the
+//                                    moment release() returns, and after MS
+//                                    ms reports the first byte that changed)
 //   crc I OFF LEN                 -> crc XXXXXXXX   (CRC-32C of the range)
 //   check I OFF LEN SEED START    -> ok | mismatch AT   (byte OFF+k must be
 //                                    pattern SEED at index START+k)
@@ -27,17 +31,23 @@
 //   count                         -> count N   (Manager::registered_count)
 //   exit                          -> bye, then shuts the manager down and exits 0
 //
+// With RDMABUF_TEST_NONDUMPABLE=1 in its environment it makes itself
+// non-dumpable first, so that same-user readers cannot attach to it.
+//
 // Anything unparsable answers "error ...". End of stdin (the test died)
 // exits at once. Buffers stay allocated after release, so a test can check
 // that a refused write left them unchanged.
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/crc32c.h"
@@ -111,6 +121,20 @@ std::string answer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, cons
     rdmabuf::Status st = manager.release(buffers[index].handle);
     return st.ok() ? "ok" : "error " + st.to_string();
   }
+  if (cmd == "release-watch") {
+    uint64_t ms = 0;
+    if (!(in >> index >> ms) || index >= buffers.size()) return "error usage: release-watch I MS";
+    rdmabuf::Status st = manager.release(buffers[index].handle);
+    if (!st.ok()) return "error " + st.to_string();
+    rdmabuf::testing::ScopedIgnoreReads quiet;  // bytes written by other processes
+    const auto& memory = buffers[index].memory;
+    std::vector<std::byte> then(memory.data(), memory.data() + memory.size());
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    for (size_t at = 0; at < then.size(); ++at) {
+      if (memory.data()[at] != then[at]) return "changed " + std::to_string(at);
+    }
+    return "stable";
+  }
   if (cmd == "count") return "count " + std::to_string(manager.registered_count());
   if (cmd == "exit") {
     *exit_now = true;
@@ -179,6 +203,11 @@ int main(int argc, char** argv) {
     }
   }
 
+  // RDMABUF_TEST_NONDUMPABLE=1: other processes of this user may not
+  // attach to this one (so the memory backend cannot reach it).
+  if (const char* nd = std::getenv("RDMABUF_TEST_NONDUMPABLE"); nd && std::string(nd) == "1") {
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  }
   auto config = rdmabuf::Config::from_env();
   if (!config.ok()) die(config.status().to_string());
   if (!listen.empty()) config->listen_address = listen;

@@ -1,0 +1,521 @@
+#include "backends/memory/memory_backend.h"
+
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "backends/memory/shared_state.h"
+#include "common/host.h"
+#include "common/log.h"
+#include "common/op_text.h"
+#include "common/strings.h"
+#include "common/wire.h"
+
+namespace rdmabuf::memory {
+namespace {
+
+// Ops up to this size are batched, many to one syscall (process_vm_* take
+// up to IOV_MAX ranges per call).
+constexpr uint64_t kSmallOp = 64 << 10;
+constexpr size_t kMaxBatch = 1024;
+constexpr uint64_t kMaxBatchBytes = 4 << 20;
+// Large ops are cut into pieces copied in parallel by the caller and the
+// helper threads; a piece is also how long release() may wait for a copy.
+constexpr uint64_t kMinPiece = 1 << 20;
+constexpr uint64_t kMaxPiece = 16 << 20;
+constexpr size_t kMaxHelpers = 7;
+// Owners seen are pruned (exited ones forgotten) when this many are known.
+constexpr size_t kPruneViewsAt = 64;
+
+// The handle context: where the buffer is and how to reach the owner.
+struct Context {
+  uint32_t pid = 0;
+  uint64_t pid_namespace = 0;
+  uint32_t state_fd = 0;
+  uint32_t slot = 0;
+  uint64_t generation = 0;
+  uint64_t base = 0;
+  uint64_t segment_address = 0;
+};
+constexpr uint8_t kContextVersion = 1;
+
+std::vector<uint8_t> encode(const Context& c) {
+  std::vector<uint8_t> out;
+  WireWriter w(out);
+  w.put<uint8_t>(kContextVersion);
+  w.put<uint8_t>(0);
+  w.put<uint16_t>(0);
+  w.put<uint32_t>(c.pid);
+  w.put<uint64_t>(c.pid_namespace);
+  w.put<uint32_t>(c.state_fd);
+  w.put<uint32_t>(c.slot);
+  w.put<uint64_t>(c.generation);
+  w.put<uint64_t>(c.base);
+  w.put<uint64_t>(c.segment_address);
+  return out;
+}
+
+Result<Context> decode(const BackendContext& ctx) {
+  WireReader r(ctx.data);
+  Context c;
+  uint8_t version = r.get<uint8_t>();
+  r.get<uint8_t>();
+  r.get<uint16_t>();
+  c.pid = r.get<uint32_t>();
+  c.pid_namespace = r.get<uint64_t>();
+  c.state_fd = r.get<uint32_t>();
+  c.slot = r.get<uint32_t>();
+  c.generation = r.get<uint64_t>();
+  c.base = r.get<uint64_t>();
+  c.segment_address = r.get<uint64_t>();
+  if (!r.ok() || r.remaining() != 0 || version != kContextVersion || c.slot >= kSlots ||
+      c.pid == 0) {
+    return InvalidArgument("malformed memory context in the handle");
+  }
+  return c;
+}
+
+int read_ptrace_scope() {
+  std::ifstream in("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (in >> scope) return scope;
+  return -1;  // no Yama: classic ptrace rules (same user, dumpable)
+}
+
+// One owner, as seen by this reader: whether it can be reached and, if so,
+// its process and mapped shared state.
+struct OwnerView {
+  Status usable;
+  pid_t pid = 0;
+  Fd pidfd;
+  std::unique_ptr<Segment> segment;
+  std::atomic<bool> exited{false};
+
+  // False once the owner process has exited (checked with its pidfd, so a
+  // reused pid can never be mistaken for the owner).
+  bool alive() {
+    if (exited.load(std::memory_order_relaxed)) return false;
+    pollfd p{pidfd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) exited.store(true);
+    return !exited.load(std::memory_order_relaxed);
+  }
+};
+
+// A unit of copying: a batch of small ops, or one piece of a large op.
+struct Job {
+  std::shared_ptr<TransferState> transfer;
+  std::shared_ptr<OwnerView> view;
+  OpKind kind = OpKind::kReadIntoLocal;
+  uint32_t slot = 0;
+  uint64_t generation = 0;
+  std::vector<uint32_t> ops;  // a batch; or the single op of a piece
+  uint64_t piece_offset = 0;  // within the op, for a piece
+  uint64_t piece_length = 0;  // 0: whole ops (a batch)
+};
+
+class MemoryBackend final : public Backend {
+ public:
+  MemoryBackend(const BackendEnv& env, std::unique_ptr<Segment> segment, int ptrace_scope)
+      : env_(env),
+        segment_(std::move(segment)),
+        slots_(*segment_),
+        host_id_(this_host_id()),
+        pid_namespace_(pid_namespace_id()),
+        ptrace_scope_(ptrace_scope) {
+    unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+    helpers_wanted_ = std::min<size_t>(cpus - 1, kMaxHelpers);
+  }
+  ~MemoryBackend() override { shutdown(); }
+
+  std::string_view name() const override { return "memory"; }
+  TransportLevel level() const override { return TransportLevel::kMemory; }
+
+  BackendInfo info() const override {
+    BackendInfo info{"memory", TransportLevel::kMemory, true, "", {}};
+    info.details.emplace_back("pid namespace", std::to_string(pid_namespace_));
+    info.details.emplace_back(
+        "ptrace_scope", ptrace_scope_ < 0 ? std::string("no Yama") : std::to_string(ptrace_scope_));
+    info.details.emplace_back("copy threads", std::to_string(helpers_wanted_ + 1));
+    return info;
+  }
+
+  // --- owner side ---------------------------------------------------------
+
+  Result<BackendContext> register_memory(uint64_t id, const LocalMemory& memory,
+                                         const Token& token) override {
+    RDMABUF_ASSIGN_OR_RETURN(auto published, slots_.publish(memory.data(), memory.size(), token));
+    {
+      std::lock_guard lock(owned_mu_);
+      owned_[id] = published.first;
+    }
+    Context c;
+    c.pid = static_cast<uint32_t>(getpid());
+    c.pid_namespace = pid_namespace_;
+    c.state_fd = static_cast<uint32_t>(segment_->fd());
+    c.slot = published.first;
+    c.generation = published.second;
+    c.base = reinterpret_cast<uint64_t>(memory.data());
+    c.segment_address = reinterpret_cast<uint64_t>(segment_->address());
+    return BackendContext{"memory", encode(c)};
+  }
+
+  void unregister_memory(uint64_t id) override {
+    uint32_t slot;
+    {
+      std::lock_guard lock(owned_mu_);
+      auto it = owned_.find(id);
+      if (it == owned_.end()) return;
+      slot = it->second;
+      owned_.erase(it);
+    }
+    slots_.retract(slot);  // returns once no reader copies from it
+  }
+
+  // --- reader side --------------------------------------------------------
+
+  Status can_reach(const RemoteBuffer& remote) const override {
+    const BackendContext* ctx = remote.context("memory");
+    if (!ctx) return FailedPrecondition("the owner does not offer it");
+    auto c = decode(*ctx);
+    if (!c.ok()) return c.status();
+    auto view = const_cast<MemoryBackend*>(this)->view_for(remote.owner(), *c);
+    if (!view->usable.ok()) return view->usable;
+    if (!view->alive()) return Unavailable("the owner process has exited");
+    return Status::Ok();
+  }
+
+  void submit(const std::shared_ptr<TransferState>& transfer,
+              std::span<const uint32_t> indices) override {
+    std::vector<Job> jobs;
+    size_t batch = SIZE_MAX;  // index of the batch being filled, if any
+    uint64_t batch_bytes = 0;
+    uint64_t large_bytes = 0;
+    for (uint32_t i : indices) {
+      const Op& op = transfer->op(i);
+      auto c = decode(*op.remote.context("memory"));
+      if (!c.ok()) {
+        transfer->fail_op(i, c.status().with_context(describe_op(op)));
+        continue;
+      }
+      auto view = view_for(op.remote.owner(), *c);
+      const uint64_t bytes = op.bytes();
+      if (bytes <= kSmallOp) {
+        bool fits = batch != SIZE_MAX && jobs[batch].view == view && jobs[batch].kind == op.kind &&
+                    jobs[batch].slot == c->slot && jobs[batch].generation == c->generation &&
+                    jobs[batch].ops.size() < kMaxBatch && batch_bytes + bytes <= kMaxBatchBytes;
+        if (!fits) {
+          jobs.push_back(Job{transfer, view, op.kind, c->slot, c->generation, {}, 0, 0});
+          batch = jobs.size() - 1;
+          batch_bytes = 0;
+        }
+        jobs[batch].ops.push_back(i);
+        batch_bytes += bytes;
+        continue;
+      }
+      batch = SIZE_MAX;  // keep ops in order around a large one
+      large_bytes += bytes;
+      const uint64_t piece =
+          std::clamp<uint64_t>(bytes / (helpers_wanted_ + 1), kMinPiece, kMaxPiece);
+      const uint64_t pieces = (bytes + piece - 1) / piece;
+      if (pieces > 1) transfer->expect_parts(i, static_cast<uint32_t>(pieces));
+      for (uint64_t p = 0; p < pieces; ++p) {
+        uint64_t offset = p * piece;
+        jobs.push_back(Job{transfer,
+                           view,
+                           op.kind,
+                           c->slot,
+                           c->generation,
+                           {i},
+                           offset,
+                           std::min(piece, bytes - offset)});
+      }
+    }
+    if (jobs.size() > 1 && large_bytes >= 2 * kMinPiece && helpers_wanted_ > 0) {
+      run_in_parallel(std::move(jobs));
+    } else {
+      for (Job& job : jobs)
+        run(job);
+    }
+  }
+
+  void shutdown() override {
+    std::vector<std::thread> helpers;
+    {
+      std::lock_guard lock(queue_mu_);
+      stopping_ = true;
+      helpers.swap(helpers_);
+    }
+    queue_cv_.notify_all();
+    for (auto& t : helpers)
+      t.join();
+  }
+
+ private:
+  std::shared_ptr<OwnerView> view_for(const PeerIdentity& owner, const Context& c) {
+    const std::pair<uint64_t, uint32_t> key{owner.manager_id, c.pid};
+    {
+      std::shared_lock lock(views_mu_);
+      auto it = views_.find(key);
+      if (it != views_.end()) return it->second;
+    }
+    auto view = std::make_shared<OwnerView>();
+    view->usable = examine(owner, c, *view);
+    if (!view->usable.ok()) {
+      RDMABUF_LOG_INFO("memory: cannot reach " + owner.to_string() + ": " + view->usable.message());
+    }
+    std::unique_lock lock(views_mu_);
+    if (views_.size() >= kPruneViewsAt) {
+      // Forget owners that have exited (or could never be reached).
+      for (auto it = views_.begin(); it != views_.end();) {
+        bool stale =
+            it->second.use_count() == 1 && (!it->second->usable.ok() || !it->second->alive());
+        it = stale ? views_.erase(it) : std::next(it);
+      }
+    }
+    return views_.emplace(key, std::move(view)).first->second;
+  }
+
+  // Whether cross-memory attach to this owner works from here, and why not.
+  Status examine(const PeerIdentity& owner, const Context& c, OwnerView& view) {
+    if (owner.host_id != host_id_) return FailedPrecondition("the peer is on another host");
+    if (c.pid_namespace != pid_namespace_ || pid_namespace_ == 0) {
+      return FailedPrecondition("the peer is in another PID namespace (another container?)");
+    }
+    view.pid = static_cast<pid_t>(c.pid);
+    // The pidfd first: if the pid is reused later, the pidfd still refers to
+    // the owner (and says it exited); the segment check below proves that
+    // the pidfd's process is the owner.
+    view.pidfd = Fd(static_cast<int>(syscall(SYS_pidfd_open, view.pid, 0)));
+    if (!view.pidfd.valid()) {
+      return errno == ESRCH ? Unavailable("the owner process has exited")
+                            : FailedPrecondition("pidfd_open: " + errno_text(errno));
+    }
+    auto segment = Segment::open(view.pid, static_cast<int>(c.state_fd), owner.manager_id);
+    if (!segment.ok()) return segment.status();
+    view.segment = std::move(segment).value();
+    // Probe the kernel's permission with a copy of the owner's segment
+    // header from its own address space.
+    uint64_t magic = 0;
+    iovec local{&magic, sizeof magic};
+    iovec remote{reinterpret_cast<void*>(c.segment_address), sizeof magic};
+    if (::process_vm_readv(view.pid, &local, 1, &remote, 1, 0) != sizeof magic) {
+      return FailedPrecondition("process_vm_readv is not permitted: " + errno_text(errno) +
+                                " (kernel.yama.ptrace_scope, another user, or a non-dumpable "
+                                "owner)");
+    }
+    if (magic != kSegmentMagic) {
+      return FailedPrecondition("the owner's shared state is not where its handle says");
+    }
+    if (!view.alive()) return Unavailable("the owner process has exited");
+    return Status::Ok();
+  }
+
+  // Copies what `job` names and completes its parts.
+  void run(Job& job) {
+    TransferState& t = *job.transfer;
+    auto complete_all = [&](const Status& st) {
+      for (uint32_t i : job.ops)
+        t.complete_part(i, st.ok() ? st : with_op(t, i, st));
+    };
+    if (t.enforce_deadline() || !job.view->usable.ok()) {
+      complete_all(job.view->usable.ok() ? Cancelled("cancelled") : job.view->usable);
+      return;
+    }
+    if (!t.begin_touch()) {  // cancelled: never touch its memory
+      complete_all(Cancelled("cancelled"));
+      return;
+    }
+    Status st = copy(job);
+    t.end_touch();
+    if (!st.ok() && job.ops.size() > 1) {
+      // One op of the batch may be the culprit (a bad range on one side):
+      // copy each on its own so that each reports its own status.
+      for (uint32_t i : job.ops) {
+        Job single{job.transfer, job.view, job.kind, job.slot, job.generation, {i}, 0, 0};
+        run(single);
+      }
+      return;
+    }
+    complete_all(st);
+  }
+
+  static Status with_op(const TransferState& t, uint32_t i, const Status& st) {
+    return Status(st.code(), describe_op(t.op(i)) + ": " + st.message());
+  }
+
+  // The copy itself, under a pin on the buffer's slot.
+  Status copy(Job& job) {
+    OwnerView& view = *job.view;
+    Pin pin;
+    RDMABUF_RETURN_IF_ERROR(pin.acquire(*view.segment, job.slot, job.generation));
+    const Slot& slot = view.segment->slot(job.slot);
+    const Op& first = job.transfer->op(job.ops.front());
+    // The owner's record, stable while pinned, against what the handle says.
+    if (slot.size != first.remote.region_size()) {
+      return InvalidArgument("the handle's buffer size does not match the owner's");
+    }
+    uint8_t diff = 0;
+    for (size_t b = 0; b < sizeof slot.token; ++b) {
+      diff |= static_cast<uint8_t>(slot.token[b] ^ first.remote.token()[b]);
+    }
+    if (diff != 0) return PermissionDenied("the owner refused the handle's token");
+    if (!view.alive()) return Unavailable("the owner process has exited");
+
+    std::vector<iovec> local, remote;
+    local.reserve(job.ops.size());
+    remote.reserve(job.ops.size());
+    for (uint32_t i : job.ops) {
+      const Op& op = job.transfer->op(i);
+      uint64_t offset = job.piece_length ? job.piece_offset : 0;
+      uint64_t length = job.piece_length ? job.piece_length : op.bytes();
+      local.push_back({op.local.data() + offset, length});
+      remote.push_back({reinterpret_cast<void*>(slot.base + op.remote.offset() + offset), length});
+    }
+    return transfer_all(view.pid, job.kind, local, remote);
+  }
+
+  // process_vm_readv/writev until everything moved or an error.
+  static Status transfer_all(pid_t pid, OpKind kind, std::vector<iovec>& local,
+                             std::vector<iovec>& remote) {
+    size_t at = 0;  // first range not fully moved; local and remote pair up
+    while (at < local.size()) {
+      const auto count = static_cast<unsigned long>(local.size() - at);
+      ssize_t n = kind == OpKind::kReadIntoLocal
+                      ? ::process_vm_readv(pid, &local[at], count, &remote[at], count, 0)
+                      : ::process_vm_writev(pid, &local[at], count, &remote[at], count, 0);
+      if (n < 0) {
+        int err = errno;
+        if (err == EINTR) continue;
+        if (err == ESRCH) return Unavailable("the owner process has exited");
+        if (err == EFAULT) {
+          return Internal(
+              "memory not mapped on one side of the copy (local memory freed, or "
+              "the owner freed its buffer without releasing it)");
+        }
+        return Unavailable(
+            std::string(kind == OpKind::kReadIntoLocal ? "process_vm_readv" : "process_vm_writev") +
+            ": " + errno_text(err));
+      }
+      if (n == 0) return Internal("cross-memory copy made no progress");
+      size_t moved = static_cast<size_t>(n);
+      while (moved > 0) {
+        size_t take = std::min(moved, local[at].iov_len);
+        local[at].iov_base = static_cast<char*>(local[at].iov_base) + take;
+        local[at].iov_len -= take;
+        remote[at].iov_base = static_cast<char*>(remote[at].iov_base) + take;
+        remote[at].iov_len -= take;
+        moved -= take;
+        if (local[at].iov_len == 0) ++at;
+      }
+      while (at < local.size() && local[at].iov_len == 0)
+        ++at;
+    }
+    return Status::Ok();
+  }
+
+  // The caller copies alongside the helper threads until no job is left;
+  // the helpers finish the jobs they took after the caller returns.
+  void run_in_parallel(std::vector<Job> jobs) {
+    {
+      std::lock_guard lock(queue_mu_);
+      if (stopping_) {
+        for (Job& job : jobs) {
+          for (uint32_t i : job.ops)
+            job.transfer->complete_part(i, Cancelled("shutting down"));
+        }
+        return;
+      }
+      while (helpers_.size() < helpers_wanted_)
+        helpers_.emplace_back([this] { help(); });
+      for (Job& job : jobs)
+        queue_.push_back(std::move(job));
+    }
+    queue_cv_.notify_all();
+    while (true) {
+      Job job;
+      {
+        std::lock_guard lock(queue_mu_);
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      run(job);
+    }
+  }
+
+  void help() {
+    std::unique_lock lock(queue_mu_);
+    while (true) {
+      queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping
+      Job job = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      run(job);
+      lock.lock();
+    }
+  }
+
+  BackendEnv env_;
+  std::unique_ptr<Segment> segment_;
+  SlotTable slots_;
+  const std::string host_id_;
+  const uint64_t pid_namespace_;
+  const int ptrace_scope_;
+  size_t helpers_wanted_ = 0;
+
+  std::mutex owned_mu_;
+  std::unordered_map<uint64_t, uint32_t> owned_;  // buffer id -> slot
+
+  std::shared_mutex views_mu_;
+  std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<OwnerView>> views_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Job> queue_;
+  std::vector<std::thread> helpers_;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_memory_backend(const BackendEnv& env) {
+  const int scope = read_ptrace_scope();
+  if (scope >= 3) {
+    return FailedPrecondition("kernel.yama.ptrace_scope=3 forbids cross-memory attach");
+  }
+  if (scope == 2 && geteuid() != 0) {
+    return FailedPrecondition("kernel.yama.ptrace_scope=2 allows cross-memory attach to root only");
+  }
+  if (scope == 1) {
+    // Yama lets only ancestors attach by default; readers are rarely ours.
+    // Any process of this user may then read and write this process's
+    // memory, which the same user could do through ptrace anyway.
+    if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0) {
+      return FailedPrecondition("kernel.yama.ptrace_scope=1 and PR_SET_PTRACER failed: " +
+                                errno_text(errno));
+    }
+  }
+  if (pid_namespace_id() == 0) {
+    return FailedPrecondition("cannot tell this process's PID namespace (/proc not mounted?)");
+  }
+  RDMABUF_ASSIGN_OR_RETURN(auto segment, Segment::create(env.self.manager_id));
+  return std::unique_ptr<Backend>(new MemoryBackend(env, std::move(segment), scope));
+}
+
+}  // namespace rdmabuf::memory

@@ -1,0 +1,235 @@
+#include "backends/memory/shared_state.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+namespace rdmabuf::memory {
+namespace {
+
+// This thread's holder word (pid << 32 | tid), cached; a fork makes the
+// child recompute it (its only thread has a new pid and tid).
+std::atomic<uint32_t> g_fork_epoch{1};
+
+uint64_t this_holder() {
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, [] { g_fork_epoch.fetch_add(1); });
+    return true;
+  }();
+  (void)registered;
+  thread_local uint32_t epoch = 0;
+  thread_local uint64_t holder = 0;
+  uint32_t now = g_fork_epoch.load(std::memory_order_relaxed);
+  if (epoch != now) {
+    holder = (static_cast<uint64_t>(getpid()) << 32) | static_cast<uint32_t>(syscall(SYS_gettid));
+    epoch = now;
+  }
+  return holder;
+}
+
+// Where a thread starts probing for a free pin entry: its last one.
+thread_local uint32_t t_pin_hint = 0;
+
+void back_off(std::chrono::steady_clock::time_point since) {
+  if (std::chrono::steady_clock::now() - since < std::chrono::microseconds(200)) {
+    sched_yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+
+Segment::~Segment() {
+  if (base_) ::munmap(base_, segment_bytes());
+}
+
+Slot& Segment::slot(uint32_t index) const {
+  auto* first = reinterpret_cast<Slot*>(static_cast<char*>(base_) + sizeof(SegmentHeader));
+  return first[index];
+}
+
+PinEntry& Segment::pin(uint32_t index) const {
+  auto* first = reinterpret_cast<PinEntry*>(static_cast<char*>(base_) + sizeof(SegmentHeader) +
+                                            sizeof(Slot) * kSlots);
+  return first[index];
+}
+
+Result<std::unique_ptr<Segment>> Segment::create(uint64_t manager_id) {
+  Fd fd(static_cast<int>(syscall(SYS_memfd_create, "rdmabuf-state", MFD_CLOEXEC)));
+  if (!fd.valid()) return ResourceExhausted("memfd_create: " + errno_text(errno));
+  if (::ftruncate(fd.get(), static_cast<off_t>(segment_bytes())) != 0) {
+    return ResourceExhausted("sizing the shared state: " + errno_text(errno));
+  }
+  void* base = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED)
+    return ResourceExhausted("mapping the shared state: " + errno_text(errno));
+  auto segment = std::make_unique<Segment>();
+  segment->fd_ = std::move(fd);
+  segment->base_ = base;
+  SegmentHeader& h = segment->header();  // the memfd starts zero-filled
+  h.manager_id = manager_id;
+  h.slots = kSlots;
+  h.pins = kPins;
+  h.owner_pid = static_cast<uint32_t>(getpid());
+  std::atomic_thread_fence(std::memory_order_release);
+  h.magic = kSegmentMagic;
+  return segment;
+}
+
+Result<std::unique_ptr<Segment>> Segment::open(pid_t pid, int fd, uint64_t manager_id) {
+  std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  Fd file(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!file.valid()) {
+    int err = errno;
+    if (err == ENOENT) return NotFound("the owner process has no shared state at " + path);
+    return PermissionDenied("cannot open the owner's shared state " + path + ": " +
+                            errno_text(err) +
+                            " (another user, or a ptrace policy that forbids access)");
+  }
+  struct stat st {};
+  if (::fstat(file.get(), &st) != 0 || static_cast<size_t>(st.st_size) != segment_bytes()) {
+    return NotFound(path + " is not an rdmabuf shared state");
+  }
+  void* base = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, file.get(), 0);
+  if (base == MAP_FAILED) return ResourceExhausted("mapping " + path + ": " + errno_text(errno));
+  auto segment = std::make_unique<Segment>();
+  segment->fd_ = std::move(file);
+  segment->base_ = base;
+  const SegmentHeader& h = segment->header();
+  if (h.magic != kSegmentMagic || h.manager_id != manager_id || h.slots != kSlots ||
+      h.pins != kPins) {
+    return NotFound(path + " belongs to another manager (the owner restarted?)");
+  }
+  return segment;
+}
+
+// --- owner ----------------------------------------------------------------
+
+SlotTable::SlotTable(Segment& segment) : segment_(segment) {
+  free_.reserve(kSlots);
+  for (uint32_t i = kSlots; i > 0; --i)
+    free_.push_back(i - 1);
+}
+
+Result<std::pair<uint32_t, uint64_t>> SlotTable::publish(const void* base, uint64_t size,
+                                                         const Token& token) {
+  uint32_t index;
+  {
+    std::lock_guard lock(mu_);
+    if (free_.empty()) {
+      return ResourceExhausted(std::to_string(kSlots) + " buffers are registered already");
+    }
+    index = free_.back();
+    free_.pop_back();
+  }
+  Slot& s = segment_.slot(index);
+  uint64_t generation = (s.state.load(std::memory_order_relaxed) >> 1) + 1;
+  s.base = reinterpret_cast<uint64_t>(base);
+  s.size = size;
+  std::memcpy(s.token, token.data(), sizeof s.token);
+  s.state.store(generation << 1 | 1, std::memory_order_release);
+  return std::make_pair(index, generation);
+}
+
+void SlotTable::retract(uint32_t index) {
+  Slot& s = segment_.slot(index);
+  const uint64_t generation = s.state.load(std::memory_order_relaxed) >> 1;
+  s.state.store(generation << 1, std::memory_order_seq_cst);  // no new copies
+  const uint64_t target = slot_target(index, generation);
+  for (uint32_t i = 0; i < kPins; ++i) {
+    PinEntry& e = segment_.pin(i);
+    auto since = std::chrono::steady_clock::now();
+    while (e.target.load(std::memory_order_seq_cst) == target) {
+      uint64_t holder = e.holder.load(std::memory_order_acquire);
+      if (holder != 0 && holder_is_gone(holder)) {
+        // Died holding it: reap the entry so it can be claimed again.
+        uint64_t expected = target;
+        e.target.compare_exchange_strong(expected, 0);
+        e.holder.compare_exchange_strong(holder, 0);
+        break;
+      }
+      if (holder != 0 && holder_is_stopped(holder)) break;
+      back_off(since);
+    }
+  }
+  std::lock_guard lock(mu_);
+  free_.push_back(index);
+}
+
+// --- reader ---------------------------------------------------------------
+
+Status Pin::acquire(Segment& segment, uint32_t slot, uint64_t generation) {
+  reset();
+  const uint64_t me = this_holder();
+  PinEntry* claimed = nullptr;
+  for (uint32_t i = 0; i < kPins && !claimed; ++i) {
+    uint32_t index = (t_pin_hint + i) % kPins;
+    PinEntry& e = segment.pin(index);
+    uint64_t expected = 0;
+    if (e.holder.load(std::memory_order_relaxed) == 0 &&
+        e.holder.compare_exchange_strong(expected, me, std::memory_order_acq_rel)) {
+      t_pin_hint = index;
+      claimed = &e;
+    }
+  }
+  // Every entry is taken: take over one whose holder died. Claiming it with
+  // a compare-exchange of the dead holder makes it ours in one step, so no
+  // live claimer's target is ever overwritten.
+  for (uint32_t i = 0; i < kPins && !claimed; ++i) {
+    PinEntry& e = segment.pin(i);
+    uint64_t holder = e.holder.load(std::memory_order_acquire);
+    if (holder != 0 && holder_is_gone(holder) &&
+        e.holder.compare_exchange_strong(holder, me, std::memory_order_acq_rel)) {
+      claimed = &e;
+    }
+  }
+  if (!claimed) {
+    return ResourceExhausted("all " + std::to_string(kPins) +
+                             " copy slots of the owner are in use");
+  }
+  claimed->target.store(slot_target(slot, generation), std::memory_order_seq_cst);
+  entry_ = claimed;
+  if (segment.slot(slot).state.load(std::memory_order_seq_cst) != (generation << 1 | 1)) {
+    reset();
+    return NotFound("the owner released this buffer");
+  }
+  return Status::Ok();
+}
+
+void Pin::reset() {
+  if (!entry_) return;
+  entry_->target.store(0, std::memory_order_release);
+  entry_->holder.store(0, std::memory_order_release);
+  entry_ = nullptr;
+}
+
+bool holder_is_gone(uint64_t holder) {
+  auto pid = static_cast<pid_t>(holder >> 32);
+  auto tid = static_cast<pid_t>(holder & 0xffffffffu);
+  return syscall(SYS_tgkill, pid, tid, 0) != 0 && errno == ESRCH;
+}
+
+bool holder_is_stopped(uint64_t holder) {
+  auto pid = holder >> 32;
+  auto tid = holder & 0xffffffffu;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t close = text.rfind(')');  // the name may contain spaces and parentheses
+  if (close == std::string::npos || close + 2 >= text.size()) return false;
+  char state = text[close + 2];
+  return state == 'T' || state == 't' || state == 'Z' || state == 'X';
+}
+
+}  // namespace rdmabuf::memory
