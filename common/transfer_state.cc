@@ -22,7 +22,7 @@ struct TransferState::OpState {
   // 0: no error recorded; 1: an error is being written; 2: `status` is final.
   std::atomic<uint8_t> status_state{0};
   Status status;
-  std::string backend;
+  std::string_view backend;  // a backend's name: a string literal
   std::string note;
 };
 
@@ -95,9 +95,9 @@ void TransferState::set_on_finish(std::function<void()> on_finish) {
   if (on_finish_) on_finish_state_.store(1, std::memory_order_release);
 }
 
-void TransferState::set_route(size_t index, std::string_view backend, std::string note) {
+void TransferState::set_route(size_t index, std::string_view backend, const std::string& note) {
   states_[index].backend = backend;
-  states_[index].note = std::move(note);
+  if (!note.empty()) states_[index].note = note;
 }
 
 bool TransferState::wait_until(Deadline until) {

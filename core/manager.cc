@@ -60,8 +60,7 @@ class ManagerImpl {
   explicit ManagerImpl(const Config& config) : config_(config) {}
   void serve_inbound(Fd fd);
   Result<Route> choose_route(const Op& op);
-  void log_note_once(const RemoteBuffer& remote, const std::string& backend,
-                     const std::string& note);
+  void log_note_once(const RemoteBuffer& remote, std::string_view backend, const std::string& note);
 
   Config config_;
   PeerIdentity identity_;
@@ -277,12 +276,13 @@ Status validate_op(const Op& op, uint64_t chunk_size) {
 Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op) {
   const RemoteBuffer& remote = op.remote;
   std::string note;
-  auto add_note = [&note](const std::string& name, const std::string& why) {
-    note += (note.empty() ? "" : "; ") + name + ": " + why;
+  auto add_note = [&note](std::string_view name, const std::string& why) {
+    if (!note.empty()) note += "; ";
+    note.append(name).append(": ").append(why);
   };
   for (size_t s = 0; s < slots_.size(); ++s) {
     Slot& slot = slots_[s];
-    const std::string name = slot.factory->name;
+    const std::string_view name = slot.factory->name;
     if (!remote.context(name)) continue;  // the owner does not offer it
     if (!slot.backend) {
       add_note(name, slot.reason);
@@ -309,14 +309,14 @@ Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op) {
                             offered + "}" + (note.empty() ? "" : " [" + note + "]"));
 }
 
-void ManagerImpl::log_note_once(const RemoteBuffer& remote, const std::string& backend,
+void ManagerImpl::log_note_once(const RemoteBuffer& remote, std::string_view backend,
                                 const std::string& note) {
   std::string key = hex_id(remote.owner().manager_id) + "|" + note;
   {
     std::lock_guard lock(notes_mu_);
     if (!logged_notes_.insert(key).second) return;
   }
-  RDMABUF_LOG_WARN("transfers to " + remote.owner().to_string() + " use " + backend +
+  RDMABUF_LOG_WARN("transfers to " + remote.owner().to_string() + " use " + std::string(backend) +
                    ", not a better transport the owner offers: " + note);
 }
 
@@ -345,6 +345,8 @@ Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds time
   }
   // Usually every op goes to one backend; keep that path allocation-light.
   std::vector<std::vector<uint32_t>> per_slot(slots_.size());
+  const std::vector<BackendContext>* routed_handle = nullptr;
+  Route route;
   for (size_t i = 0; i < state->op_count(); ++i) {
     const Op& op = state->op(i);
     Status valid = validate_op(op, config_.chunk_size);
@@ -356,15 +358,22 @@ Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds time
       state->complete_part(i, Status::Ok());
       continue;
     }
-    auto route = choose_route(op);
-    if (!route.ok()) {
-      state->fail_op(i, route.status());
-      continue;
+    // The route depends only on the handle, and the ops of a batch mostly
+    // share one (slices of it): choose once per handle.
+    if (&op.remote.contexts() != routed_handle) {
+      auto chosen = choose_route(op);
+      if (!chosen.ok()) {
+        state->fail_op(i, chosen.status());
+        routed_handle = nullptr;
+        continue;
+      }
+      route = std::move(chosen).value();
+      routed_handle = &op.remote.contexts();
+      if (!route.note.empty())
+        log_note_once(op.remote, slots_[route.slot].factory->name, route.note);
     }
-    const std::string name = slots_[route->slot].factory->name;
-    if (!route->note.empty()) log_note_once(op.remote, name, route->note);
-    state->set_route(i, name, std::move(route->note));
-    per_slot[route->slot].push_back(static_cast<uint32_t>(i));
+    state->set_route(i, slots_[route.slot].factory->name, route.note);
+    per_slot[route.slot].push_back(static_cast<uint32_t>(i));
   }
   // Slowest transport first: a backend that copies inside submit (memory)
   // must not hold up ops that wait on a network.

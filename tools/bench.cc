@@ -21,6 +21,7 @@
 #include "common/strings.h"
 #include "rdmabuf/rdmabuf.h"
 #include "tools/args.h"
+#include "tools/bench_peers.h"
 #include "tools/commands.h"
 #include "tools/pattern.h"
 #include "tools/subprocess.h"
@@ -43,6 +44,8 @@ struct Options {
   bool json = false;
 };
 
+// One row: an rdmabuf measurement and, when one ran, its peer's figure for
+// the same shape in the same run.
 struct Sample {
   std::string system = "rdmabuf";
   std::string op;
@@ -53,8 +56,21 @@ struct Sample {
   double p99_us = 0;
   double ops_per_s = 0;
   size_t reps = 0;
-  std::string note;
+  std::string kind;  // "setup", "latency", "rate", "bandwidth", "single"
+  std::string peer;  // e.g. "iperf3 -P 2", "memcpy", "ucx posix ucp_get"
+  double peer_gbps = 0;
 };
+
+// A one-off setup cost (first connection, registration).
+Sample setup_sample(const std::string& op, uint64_t size, double us) {
+  Sample s;
+  s.op = op;
+  s.size = size;
+  s.p50_us = s.p99_us = us;
+  s.reps = 1;
+  s.kind = "setup";
+  return s;
+}
 
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -131,12 +147,16 @@ class Bench {
     }
   }
 
-  // Submits `batch` ops of `size` and waits; returns microseconds.
-  Result<double> run_batch(OpKind kind, uint64_t size, uint64_t batch) {
+  // Submits `batch` ops of `size` and waits; returns microseconds. Op j
+  // covers [j * stride, + size) on both sides; stride == size lays the ops
+  // end to end (a backend may then merge them), a larger stride keeps them
+  // apart.
+  Result<double> run_batch(OpKind kind, uint64_t size, uint64_t batch, uint64_t stride = 0) {
+    if (stride == 0) stride = size;
     std::vector<Op> ops;
     ops.reserve(batch);
     for (uint64_t j = 0; j < batch; ++j) {
-      uint64_t offset = (j * size) % (remote_.size() - size + 1);
+      uint64_t offset = (j * stride) % (remote_.size() - size + 1);
       RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer r, remote_.slice(offset, size));
       LocalMemory l(local_.data() + offset, size, nullptr);
       ops.push_back(Op{kind, std::move(r), std::move(l)});
@@ -149,28 +169,35 @@ class Bench {
     return std::chrono::duration<double, std::micro>(end - start).count();
   }
 
-  // Checks that the first `bytes` of local memory hold the peer's pattern.
-  Status verify(uint64_t bytes) const {
+  // Checks that local [offset, +bytes) holds the peer's pattern there.
+  Status verify(uint64_t offset, uint64_t bytes) const {
     if (!verify_) return Status::Ok();
-    bytes = std::min<uint64_t>(bytes, reference_.size());
-    if (std::memcmp(local_.data(), reference_.data(), bytes) != 0) {
+    if (offset + bytes > reference_.size()) return Status::Ok();
+    if (std::memcmp(local_.data() + offset, reference_.data() + offset, bytes) != 0) {
       return Internal("bench read back bytes that differ from the peer's pattern");
     }
     return Status::Ok();
   }
 
-  Result<Sample> bandwidth(OpKind kind, uint64_t size, uint64_t window, int reps) {
+  // `row_kind` labels the row: "bandwidth", "single" or "rate".
+  Result<Sample> bandwidth(OpKind kind, uint64_t size, uint64_t window, int reps,
+                           const char* row_kind = "bandwidth", uint64_t stride = 0) {
     uint64_t batch = std::clamp<uint64_t>(window / size, 1, 1024);
     batch = std::min<uint64_t>(batch, std::max<uint64_t>(1, local_.size() / size));
-    if (kind == OpKind::kWriteFromLocal && verify_) fill_seq(local_.span().first(size * batch), 0);
+    const uint64_t span = (batch - 1) * (stride ? stride : size) + size;
+    if (kind == OpKind::kWriteFromLocal && verify_) fill_seq(local_.span().first(span), 0);
     std::vector<double> gbps, us;
     for (int r = 0; r < kWarmupReps + reps; ++r) {
-      RDMABUF_ASSIGN_OR_RETURN(double t, run_batch(kind, size, batch));
+      RDMABUF_ASSIGN_OR_RETURN(double t, run_batch(kind, size, batch, stride));
       if (r < kWarmupReps) continue;
       us.push_back(t);
       gbps.push_back(static_cast<double>(size * batch) / (t * 1e3));
     }
-    if (kind == OpKind::kReadIntoLocal) RDMABUF_RETURN_IF_ERROR(verify(size * batch));
+    if (kind == OpKind::kReadIntoLocal) {
+      for (uint64_t j = 0; j < batch; ++j) {
+        RDMABUF_RETURN_IF_ERROR(verify(j * (stride ? stride : size), size));
+      }
+    }
     Sample s;
     s.op = op_kind_name(kind);
     s.size = size;
@@ -180,6 +207,7 @@ class Bench {
     s.p99_us = percentile(us, 99);
     s.ops_per_s = static_cast<double>(batch) * 1e6 / s.p50_us;
     s.reps = static_cast<size_t>(reps);
+    s.kind = row_kind;
     return s;
   }
 
@@ -189,7 +217,7 @@ class Bench {
       RDMABUF_ASSIGN_OR_RETURN(double t, run_batch(kind, size, 1));
       if (r >= kWarmupReps * 50) us.push_back(t);
     }
-    if (kind == OpKind::kReadIntoLocal) RDMABUF_RETURN_IF_ERROR(verify(size));
+    if (kind == OpKind::kReadIntoLocal) RDMABUF_RETURN_IF_ERROR(verify(0, size));
     Sample s;
     s.op = op_kind_name(kind);
     s.size = size;
@@ -199,14 +227,13 @@ class Bench {
     s.gbps = static_cast<double>(size) / (s.p50_us * 1e3);
     s.ops_per_s = 1e6 / s.p50_us;
     s.reps = us.size();
-    s.note = "latency";
+    s.kind = "latency";
     return s;
   }
 
   Result<Sample> rate(OpKind kind, uint64_t size, uint64_t batch, int reps) {
-    RDMABUF_ASSIGN_OR_RETURN(Sample s, bandwidth(kind, size, size * batch, reps));
-    s.note = "rate";
-    return s;
+    // Apart, not end to end: this row is about the cost of each op.
+    return bandwidth(kind, size, size * batch, reps, "rate", 2 * size);
   }
 
  private:
@@ -217,56 +244,19 @@ class Bench {
   std::vector<std::byte> reference_;
 };
 
-// iperf3 on loopback with `streams` parallel streams for `seconds`: GB/s.
-Result<double> run_iperf3(int streams, int seconds) {
-  // Find a free port; iperf3 binds it right after (a benign race).
-  auto listener = listen_tcp(HostPort{"127.0.0.1", 0}, 1);
-  if (!listener.ok()) return listener.status();
-  uint16_t port = local_address(listener->get())->port;
-  listener->reset();
-  std::string p = std::to_string(port);
-  Child::Options quiet;
-  quiet.capture_stdout = false;
-  quiet.quiet_stderr = true;
-  RDMABUF_ASSIGN_OR_RETURN(Child server, Child::spawn({"iperf3", "-s", "-1", "-p", p}, quiet));
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    Child::Options capture;
-    capture.quiet_stderr = true;
-    RDMABUF_ASSIGN_OR_RETURN(
-        Child client, Child::spawn({"iperf3", "-c", "127.0.0.1", "-p", p, "-t",
-                                    std::to_string(seconds), "-P", std::to_string(streams), "-J"},
-                                   capture));
-    auto out = client.read_all(std::chrono::seconds(seconds + 30));
-    int rc = client.wait();
-    if (rc == 0 && out.ok()) {
-      // The receiver's total: "sum_received": { ... "bits_per_second": N
-      size_t at = out->find("\"sum_received\"");
-      if (at != std::string::npos) at = out->find("\"bits_per_second\"", at);
-      if (at == std::string::npos) return Internal("cannot parse iperf3's JSON output");
-      at = out->find(':', at);
-      double bits = std::strtod(out->c_str() + at + 1, nullptr);
-      server.terminate();
-      return bits / 8 / 1e9;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // server not up yet
-  }
-  return Unavailable("iperf3 did not run");
-}
-
-std::string json_line(const std::string& backend, int streams, const Sample& s,
-                      std::optional<double> peer_gbps) {
-  char buf[512];
+std::string json_line(const std::string& backend, int streams, const Sample& s) {
+  char buf[640];
   std::snprintf(buf, sizeof buf,
-                "{\"system\":\"%s\",\"backend\":\"%s\",\"op\":\"%s\",\"size\":%llu,\"batch\":%llu,"
-                "\"streams\":%d,\"gbps\":%.4f,\"p50_us\":%.2f,\"p99_us\":%.2f,"
-                "\"ops_per_s\":%.0f,\"reps\":%zu",
-                s.system.c_str(), backend.c_str(), s.op.c_str(),
+                "{\"system\":\"%s\",\"backend\":\"%s\",\"op\":\"%s\",\"kind\":\"%s\","
+                "\"size\":%llu,\"batch\":%llu,\"streams\":%d,\"gbps\":%.4f,\"p50_us\":%.2f,"
+                "\"p99_us\":%.2f,\"ops_per_s\":%.0f,\"reps\":%zu",
+                s.system.c_str(), backend.c_str(), s.op.c_str(), s.kind.c_str(),
                 static_cast<unsigned long long>(s.size), static_cast<unsigned long long>(s.batch),
                 streams, s.gbps, s.p50_us, s.p99_us, s.ops_per_s, s.reps);
   std::string line = buf;
-  if (peer_gbps && *peer_gbps > 0 && s.system == "rdmabuf" && s.gbps > 0 && s.note.empty()) {
-    std::snprintf(buf, sizeof buf, ",\"iperf3_gbps\":%.4f,\"ratio_vs_iperf3\":%.3f", *peer_gbps,
-                  s.gbps / *peer_gbps);
+  if (s.peer_gbps > 0) {
+    std::snprintf(buf, sizeof buf, ",\"peer\":\"%s\",\"peer_gbps\":%.4f,\"ratio\":%.3f",
+                  s.peer.c_str(), s.peer_gbps, s.gbps / s.peer_gbps);
     line += buf;
   }
   return line + "}";
@@ -321,7 +311,7 @@ int cmd_bench(int argc, char** argv) {
     std::fprintf(stderr, "rdmabuf bench: writes go into the buffer behind --connect\n");
   } else {
     uint64_t peer_size = std::max<uint64_t>(
-        {max_size, o.window, uint64_t{1} << 20, static_cast<uint64_t>(o.batch) * 64});
+        {max_size, o.window, uint64_t{1} << 20, static_cast<uint64_t>(o.batch) * 128});
     Child::Options options;
     options.env.emplace_back("RDMABUF_BACKENDS", backend);
     auto child = Child::spawn(
@@ -336,7 +326,12 @@ int cmd_bench(int argc, char** argv) {
     remote = *handle;
     verify = true;
   }
-  const bool run_iperf = o.compare_peer && !o.connect && backend == "tcp" && on_path("iperf3");
+  // Peers measured in the same run: iperf3 beside tcp; memcpy (the copy
+  // limit) and UCX over shared memory beside memory.
+  const bool local_peer = o.compare_peer && !o.connect;
+  const bool run_iperf = local_peer && backend == "tcp" && on_path("iperf3");
+  const bool run_memcpy = local_peer && backend == "memory";
+  const bool run_ucx = local_peer && backend == "memory" && on_path("ucx_perftest");
 
   // Setup costs, apart from transfer figures.
   std::vector<Sample> setup;
@@ -353,16 +348,14 @@ int cmd_bench(int argc, char** argv) {
     auto us = [](auto a, auto b) {
       return std::chrono::duration<double, std::micro>(b - a).count();
     };
-    setup.push_back(
-        Sample{"rdmabuf", "register_first", max_size, 1, 0, us(t0, t1), us(t0, t1), 0, 1, "setup"});
-    setup.push_back(
-        Sample{"rdmabuf", "register_again", max_size, 1, 0, us(t1, t2), us(t1, t2), 0, 1, "setup"});
+    setup.push_back(setup_sample("register_first", max_size, us(t0, t1)));
+    setup.push_back(setup_sample("register_again", max_size, us(t1, t2)));
     manager.release(*h1).ignore();
     manager.release(*h2).ignore();
   }
 
   const uint64_t local_size =
-      std::max<uint64_t>({o.window, max_size, static_cast<uint64_t>(o.batch) * 64});
+      std::max<uint64_t>({o.window, max_size, static_cast<uint64_t>(o.batch) * 128});
   auto local = LocalMemory::allocate(local_size);
   if (!local.ok()) return fail(local.status());
   std::memset(local->data(), 0, local->size());  // fault the pages in now, not while timing
@@ -373,21 +366,30 @@ int cmd_bench(int argc, char** argv) {
     auto first = bench.run_batch(OpKind::kReadIntoLocal, 8, 1);
     if (!first.ok()) return fail(first.status().with_context("first transfer to the peer"));
     double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    setup.push_back(Sample{"rdmabuf", "first_transfer", 8, 1, 0, us, us, 0, 1, "setup"});
+    setup.push_back(setup_sample("first_transfer", 8, us));
   }
 
   const int latency_samples = std::max(1000, o.iters * 100);
   const int rate_reps = std::max(50, o.iters * 5);
-  int total = 4 + 2 + 2 * static_cast<int>(o.sizes.size()) + (run_iperf ? 3 : 0);
+  // UCX's perftest repeats one op on one range: compare that shape, at the
+  // sizes the issue of record names (4 MiB, 64 MiB) when asked for.
+  std::vector<uint64_t> single_sizes;
+  for (uint64_t size : o.sizes) {
+    if (run_ucx && (size == (4u << 20) || size == (64u << 20))) single_sizes.push_back(size);
+  }
+  int total =
+      4 + 2 + 2 * static_cast<int>(o.sizes.size() + single_sizes.size()) + (run_iperf ? 3 : 0);
   Progress progress(total);
   std::vector<Sample> results;
   std::vector<double> iperf;
-  auto iperf_once = [&]() -> Status {
+  auto iperf_once = [&] {
     progress.step("iperf3, " + std::to_string(streams) + " stream(s)");
     auto g = run_iperf3(streams, 2);
-    if (!g.ok()) return g.status();
-    iperf.push_back(*g);
-    return Status::Ok();
+    if (g.ok()) {
+      iperf.push_back(*g);
+    } else {
+      std::fprintf(stderr, "\nrdmabuf bench: iperf3 failed: %s\n", g.status().to_string().c_str());
+    }
   };
   auto record = [&](Result<Sample> s) -> Status {
     if (!s.ok()) return s.status();
@@ -409,68 +411,106 @@ int cmd_bench(int argc, char** argv) {
     st = record(bench.rate(kind, 64, static_cast<uint64_t>(o.batch), rate_reps));
     if (!st.ok()) return fail(st);
   }
-  if (run_iperf && !iperf_once().ok()) std::fprintf(stderr, "\nrdmabuf bench: iperf3 failed\n");
+  if (run_iperf) iperf_once();
   for (size_t i = 0; i < o.sizes.size(); ++i) {
-    if (run_iperf && i == o.sizes.size() / 2 && !iperf_once().ok()) {
-      std::fprintf(stderr, "\nrdmabuf bench: iperf3 failed\n");
-    }
+    if (run_iperf && i == o.sizes.size() / 2) iperf_once();
     for (OpKind kind : {OpKind::kReadIntoLocal, OpKind::kWriteFromLocal}) {
       progress.step(std::string("bandwidth: ") + op_kind_name(kind) + " " +
                     format_bytes(o.sizes[i]));
       st = record(bench.bandwidth(kind, o.sizes[i], o.window, o.iters));
       if (!st.ok()) return fail(st);
+      if (run_memcpy) {
+        Sample& s = results.back();
+        s.peer = "memcpy";
+        s.peer_gbps = measure_memcpy(s.size, s.batch, o.iters);
+      }
     }
   }
-  if (run_iperf && !iperf_once().ok()) std::fprintf(stderr, "\nrdmabuf bench: iperf3 failed\n");
+  if (run_iperf) iperf_once();
+  for (uint64_t size : single_sizes) {
+    for (OpKind kind : {OpKind::kReadIntoLocal, OpKind::kWriteFromLocal}) {
+      const char* test = kind == OpKind::kReadIntoLocal ? "ucp_get" : "ucp_put_bw";
+      progress.step(std::string("one op at a time: ") + op_kind_name(kind) + " " +
+                    format_bytes(size) + ", and ucx_perftest " + test);
+      st = record(bench.bandwidth(kind, size, size, std::max(o.iters, 50), "single"));
+      if (!st.ok()) return fail(st);
+      const int iterations = static_cast<int>(std::clamp<uint64_t>((1ull << 31) / size, 20, 1000));
+      auto ucx = run_ucx_perftest(test, size, iterations, "posix,sysv,self");
+      if (ucx.ok()) {
+        results.back().peer = std::string("ucx posix ") + test;
+        results.back().peer_gbps = *ucx;
+      } else {
+        std::fprintf(stderr, "\nrdmabuf bench: ucx_perftest failed: %s\n",
+                     ucx.status().to_string().c_str());
+      }
+    }
+  }
   progress.finish();
-  std::optional<double> iperf_gbps;
-  if (!iperf.empty()) iperf_gbps = median(iperf);
+  if (!iperf.empty()) {
+    for (Sample& s : results) {
+      if (s.kind != "bandwidth") continue;
+      s.peer = "iperf3 -P " + std::to_string(streams);
+      s.peer_gbps = median(iperf);
+    }
+  }
 
   if (o.json) {
     for (const Sample& s : setup)
-      std::printf("%s\n", json_line(backend, streams, s, {}).c_str());
-    for (const Sample& s : results) {
-      std::printf("%s\n", json_line(backend, streams, s, iperf_gbps).c_str());
-    }
-    if (iperf_gbps) {
-      Sample p{"iperf3", "stream", 0, 0, *iperf_gbps, 0, 0, 0, iperf.size(), ""};
-      std::printf("%s\n", json_line("tcp", streams, p, {}).c_str());
+      std::printf("%s\n", json_line(backend, streams, s).c_str());
+    for (const Sample& s : results)
+      std::printf("%s\n", json_line(backend, streams, s).c_str());
+    if (!iperf.empty()) {
+      Sample p{"iperf3", "stream", 0, 0, median(iperf), 0, 0, 0, iperf.size(), "bandwidth", "", 0};
+      std::printf("%s\n", json_line("tcp", streams, p).c_str());
     }
     return kExitOk;
   }
 
-  std::printf("rdmabuf bench: backend %s, %d stream(s), peer %s, medians of %d reps\n\n",
-              backend.c_str(), streams,
+  std::printf("rdmabuf bench: backend %s%s, peer %s, medians of %d reps\n\n", backend.c_str(),
+              backend == "tcp" ? (", " + std::to_string(streams) + " stream(s)").c_str() : "",
               o.connect ? remote.owner().to_string().c_str()
                         : ("local process " + std::to_string(peer.pid())).c_str(),
               o.iters);
   std::printf(
-      "setup: first transfer to the peer %.0f us; register %s: first %.1f us, again %.1f us\n\n",
+      "setup: first transfer to the peer %.0f us; register %s: first %.1f us, again %.1f us\n",
       setup[2].p50_us, format_bytes(max_size).c_str(), setup[0].p50_us, setup[1].p50_us);
-  std::printf("%-6s %-9s %6s %9s %9s %9s %9s", "op", "size", "batch", "GB/s", "p50 us", "p99 us",
-              "ops/s");
-  if (iperf_gbps) std::printf("  %11s %6s", "iperf3 GB/s", "ratio");
-  std::printf("\n");
+  std::string last_kind;
   for (const Sample& s : results) {
+    if (s.kind != last_kind) {
+      last_kind = s.kind;
+      if (s.kind == "latency") std::printf("\nsingle round trips (submit, then wait):\n");
+      if (s.kind == "rate") std::printf("\nsmall ops, --batch at a time:\n");
+      if (s.kind == "bandwidth") {
+        std::printf("\nbandwidth, --window (%s) of ops per repetition:\n",
+                    format_bytes(o.window).c_str());
+      }
+      if (s.kind == "single") {
+        std::printf("\none op at a time on one range (the shape ucx_perftest measures):\n");
+      }
+      std::printf("%-6s %-9s %6s %9s %9s %9s %9s  %-20s %9s %6s\n", "op", "size", "batch", "GB/s",
+                  "p50 us", "p99 us", "ops/s", "peer, same run", "GB/s", "ratio");
+    }
     std::printf("%-6s %-9s %6llu %9.3f %9.1f %9.1f %9s", s.op.c_str(), format_bytes(s.size).c_str(),
                 static_cast<unsigned long long>(s.batch), s.gbps, s.p50_us, s.p99_us,
                 human_rate(s.ops_per_s).c_str());
-    if (iperf_gbps && s.note.empty()) {
-      std::printf("  %11.3f %6.2f", *iperf_gbps, s.gbps / *iperf_gbps);
+    if (s.peer_gbps > 0) {
+      std::printf("  %-20s %9.3f %6.2f", s.peer.c_str(), s.peer_gbps, s.gbps / s.peer_gbps);
     }
     std::printf("\n");
   }
-  if (iperf_gbps) {
-    std::printf("\niperf3 -P %d on loopback, same run: %.3f GB/s (median of %zu runs of 2 s)\n",
-                streams, *iperf_gbps, iperf.size());
-  } else if (o.compare_peer && !o.connect && backend == "tcp") {
-    std::printf("\n(iperf3 not found: install it to see the raw TCP figure beside rdmabuf's)\n");
+  if (!iperf.empty()) {
+    std::printf("\niperf3 -P %d on loopback: median of %zu runs of 2 s, between the rows above.\n",
+                streams, iperf.size());
+  } else if (local_peer && backend == "tcp") {
+    std::printf("\n(iperf3 not found: install it to see raw TCP beside rdmabuf)\n");
   }
-  std::printf(
-      "\nlatency rows (8 B, 4 KiB, batch 1): single round trips, submit to wait; rate rows\n"
-      "(64 B): --batch ops submitted at once; bandwidth rows: --window (%s) of ops in flight\n"
-      "per repetition, or one op when it is larger. GB/s = 1e9 bytes per second.\n",
-      format_bytes(o.window).c_str());
+  if (run_memcpy) {
+    std::printf("\nmemcpy: the same bytes in the same layout, copied in this process.\n");
+  }
+  if (local_peer && backend == "memory" && !run_ucx) {
+    std::printf("(ucx_perftest not found: install ucx-utils to see UCX over shared memory)\n");
+  }
+  std::printf("GB/s = 1e9 bytes per second.\n");
   return kExitOk;
 }
 

@@ -100,8 +100,9 @@ class TransferState {
   void set_on_finish(std::function<void()> on_finish);
 
   // Records which backend runs op `index` and, when it is not the best the
-  // owner offers, why.
-  void set_route(size_t index, std::string_view backend, std::string note);
+  // owner offers, why. `backend` must outlive the transfer (a backend's
+  // name, which is a string literal).
+  void set_route(size_t index, std::string_view backend, const std::string& note);
   // Finishes op `index` at once (for ops rejected before reaching a backend).
   void fail_op(size_t index, const Status& status);
 
