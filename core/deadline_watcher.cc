@@ -34,8 +34,10 @@ void DeadlineWatcher::run() {
       continue;
     }
     auto first = pending_.begin();
-    if (Clock::now() < first->first.first) {
-      changed_.wait_until(lock, first->first.first);
+    // A copy: forget() may erase the entry while we wait without the lock.
+    const Deadline next = first->first.first;
+    if (Clock::now() < next) {
+      changed_.wait_until(lock, next);
       continue;
     }
     std::weak_ptr<TransferState> due = std::move(first->second);

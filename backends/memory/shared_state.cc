@@ -83,8 +83,8 @@ Result<std::unique_ptr<Segment>> Segment::create(uint64_t manager_id) {
   h.slots = kSlots;
   h.pins = kPins;
   h.owner_pid = static_cast<uint32_t>(getpid());
-  std::atomic_thread_fence(std::memory_order_release);
-  h.magic = kSegmentMagic;
+  // Published last: a reader that sees the magic sees the fields above.
+  std::atomic_ref<uint64_t>(h.magic).store(kSegmentMagic, std::memory_order_release);
   return segment;
 }
 

@@ -61,6 +61,7 @@ TEST_P(ReleaseRaceTest, WritesNeverLandAfterReleaseReturned) {
     ASSERT_GE(index, 0);
     const RemoteBuffer handle = peer->handle(static_cast<size_t>(index));
     std::atomic<bool> stop{false};
+    std::atomic<int> landed{0};
     std::mutex mu;
     std::vector<Outcome> outcomes;
     std::vector<std::thread> writers;
@@ -74,12 +75,16 @@ TEST_P(ReleaseRaceTest, WritesNeverLandAfterReleaseReturned) {
           std::fill(words, words + kPart / 8, mine);
           auto started = Clock::now();
           Status st = reader->write_from(remote, src, kTimeout);
+          if (st.ok()) landed++;
           std::lock_guard lock(mu);
           outcomes.push_back({started, st.code()});
         }
       });
     }
-    std::this_thread::sleep_for(20ms);
+    // Release mid-stream: once writes are landing (slow builds take longer).
+    for (auto until = Clock::now() + kTimeout; landed.load() < 3 && Clock::now() < until;) {
+      std::this_thread::sleep_for(1ms);
+    }
     std::string watched = peer->command("release-watch " + std::to_string(index) + " 50");
     const auto released = Clock::now();  // the owner's release() had returned by now
     std::this_thread::sleep_for(20ms);   // writes that start now must be refused
@@ -122,6 +127,7 @@ TEST_P(ReleaseRaceTest, ReadsAfterReleaseReturnedAreNotFound) {
     ASSERT_GE(index, 0);
     const RemoteBuffer handle = peer->handle(static_cast<size_t>(index));
     std::atomic<bool> stop{false};
+    std::atomic<int> served{0};
     std::mutex mu;
     std::vector<Outcome> outcomes;
     std::vector<std::thread> readers;
@@ -132,6 +138,7 @@ TEST_P(ReleaseRaceTest, ReadsAfterReleaseReturnedAreNotFound) {
           auto started = Clock::now();
           Status st = reader->read_into(handle, dst, kTimeout);
           if (st.ok()) {
+            served++;
             EXPECT_EQ(find_mismatch(dst.span(), seed), std::nullopt);
           }
           std::lock_guard lock(mu);
@@ -139,7 +146,9 @@ TEST_P(ReleaseRaceTest, ReadsAfterReleaseReturnedAreNotFound) {
         }
       });
     }
-    std::this_thread::sleep_for(20ms);
+    for (auto until = Clock::now() + kTimeout; served.load() < 3 && Clock::now() < until;) {
+      std::this_thread::sleep_for(1ms);
+    }
     ASSERT_EQ(peer->release(static_cast<size_t>(index)), "ok");
     const auto released = Clock::now();
     std::this_thread::sleep_for(40ms);
