@@ -5,10 +5,12 @@ namespace rdmabuf {
 void DeadlineWatcher::watch(const std::shared_ptr<TransferState>& transfer) {
   std::lock_guard lock(mu_);
   if (stopping_) return;
-  bool earliest = pending_.empty() || transfer->deadline() < pending_.begin()->first.first;
   pending_.emplace(Key{transfer->deadline(), transfer.get()}, transfer);
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-  if (earliest) changed_.notify_one();
+  if (transfer->deadline() < wakes_at_) {
+    wakes_at_ = transfer->deadline();
+    changed_.notify_one();
+  }
 }
 
 void DeadlineWatcher::forget(const TransferState* transfer) {
@@ -30,6 +32,7 @@ void DeadlineWatcher::run() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     if (pending_.empty()) {
+      wakes_at_ = Deadline::max();
       changed_.wait(lock);
       continue;
     }
@@ -37,6 +40,7 @@ void DeadlineWatcher::run() {
     // A copy: forget() may erase the entry while we wait without the lock.
     const Deadline next = first->first.first;
     if (Clock::now() < next) {
+      wakes_at_ = next;
       changed_.wait_until(lock, next);
       continue;
     }

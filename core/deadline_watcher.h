@@ -39,6 +39,11 @@ class DeadlineWatcher {
   std::map<Key, std::weak_ptr<TransferState>> pending_;
   std::thread thread_;
   bool stopping_ = false;
+  // When the thread will wake next (max: not until notified). A new
+  // deadline wakes it only when earlier; a transfer that finishes never
+  // does, so a stream of transfers costs a wake-up per deadline period, not
+  // per transfer.
+  Deadline wakes_at_ = Deadline::max();
 };
 
 }  // namespace rdmabuf

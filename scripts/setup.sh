@@ -16,8 +16,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build_dir=${RDMABUF_BUILD_DIR:-build}
 
 # Build: cmake ninja-build g++ make pkg-config; tests: googletest libgtest-dev;
-# format check: clang-format; benchmark peers: iperf3 qperf.
-packages=(cmake ninja-build g++ make pkg-config googletest libgtest-dev clang-format iperf3 qperf)
+# format check: clang-format; benchmark peers: iperf3 qperf; the Python
+# package (python/) and its tests: pybind11-dev python3-dev python3-numpy
+# python3-torch python3-pytest, for Debian's /usr/bin/python3.
+packages=(cmake ninja-build g++ make pkg-config googletest libgtest-dev clang-format iperf3 qperf
+  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest)
 
 installed() {
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
@@ -54,6 +57,9 @@ install_packages
 configure=(cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDMABUF_WERROR=ON)
 # An existing build directory keeps the generator it was made with.
 [ -f "$build_dir/CMakeCache.txt" ] || configure+=(-G Ninja)
+# The Python package is built for (and tested with) the interpreter that has
+# the Debian packages above, not whichever python3 comes first on the PATH.
+[ -x /usr/bin/python3 ] && configure+=(-DPython3_EXECUTABLE=/usr/bin/python3)
 # shellcheck disable=SC2206  # word splitting of extra arguments is intended
 configure+=(${RDMABUF_CMAKE_ARGS:-})
 "${configure[@]}"

@@ -36,6 +36,12 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   std::string command = argv[1];
+  for (int i = 2; i < argc; ++i) {  // `rdmabuf COMMAND --help`
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::fputs(kUsage, stdout);
+      return kExitOk;
+    }
+  }
   if (command == "info") return cmd_info(argc, argv);
   if (command == "serve") return cmd_serve(argc, argv);
   if (command == "read") return cmd_read(argc, argv);

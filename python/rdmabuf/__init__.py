@@ -1,0 +1,73 @@
+"""rdmabuf: one-sided access to another process's memory, from Python.
+
+A process registers memory (a torch tensor, numpy array, memoryview or
+bytearray) as an `RDMABuffer` and sends the buffer to other processes by
+pickling it; they read that memory into their own (`read_into`) or write
+their own into it (`write_from`) without the owner's code taking part.
+Transfers return a `Future`: ``await`` it from asyncio, or ``.get()`` it.
+
+    import rdmabuf, torch
+
+    # owner
+    weights = torch.zeros(1 << 20)
+    buf = rdmabuf.RDMABuffer(weights.view(torch.uint8))
+    send(pickle.dumps(buf))          # any channel
+
+    # reader, in another process
+    buf = pickle.loads(received)
+    dst = torch.empty(buf.size(), dtype=torch.uint8)
+    buf.read_into(dst).get()         # or: await buf.read_into(dst)
+
+The API follows PyTorch Monarch's ``monarch.rdma``. Errors are
+`rdmabuf.Error` subclasses carrying the status code and message; size
+mismatches and bad data are also ValueError, timeouts also TimeoutError.
+"""
+
+from ._errors import (
+    CancelledError,
+    DeadlineExceededError,
+    Error,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ProtocolError,
+    ResourceExhaustedError,
+    StatusCode,
+    UnavailableError,
+    UnimplementedError,
+)
+from ._buffer import LocalMemory, Owner, RDMAAction, RDMABuffer
+from ._future import Future
+from ._manager import BackendInfo, Config, backends, config, configure, shutdown
+from ._rdmabuf import version as _version
+
+__version__: str = _version()
+
+__all__ = [
+    "RDMABuffer",
+    "RDMAAction",
+    "Future",
+    "Owner",
+    "LocalMemory",
+    "backends",
+    "BackendInfo",
+    "configure",
+    "config",
+    "Config",
+    "shutdown",
+    "StatusCode",
+    "Error",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "DeadlineExceededError",
+    "CancelledError",
+    "UnavailableError",
+    "ProtocolError",
+    "FailedPreconditionError",
+    "ResourceExhaustedError",
+    "UnimplementedError",
+    "InternalError",
+]

@@ -1,0 +1,239 @@
+"""RDMABuffer (a handle to memory some process registered) and RDMAAction (a batch)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional, Tuple, Union
+
+from . import _rdmabuf
+from ._errors import InvalidArgumentError, NotFoundError
+from ._future import Future, completed, notify
+from ._manager import default_manager
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:  # pragma: no cover
+    from typing_extensions import Self
+
+if TYPE_CHECKING:
+    import numpy
+    import torch
+
+    # What rdmabuf reads into / writes from / registers: 1-D, contiguous,
+    # host memory. Any object with the buffer protocol works (bytes only as a
+    # write_from source, being read-only).
+    LocalMemory = Union[torch.Tensor, numpy.ndarray, memoryview, bytearray, bytes]
+else:
+    LocalMemory = Any
+
+__all__ = ["RDMABuffer", "RDMAAction", "Owner", "LocalMemory"]
+
+
+class Owner(NamedTuple):
+    """Who registered a buffer: the owner process's manager."""
+
+    manager_id: int
+    address: str  # "HOST:PORT" of the owner's listener
+    host_id: str  # the owner host's boot id
+    pid: int
+    description: str  # "manager 1a2b… (pid 123 at 127.0.0.1:4000)"
+
+    def __str__(self) -> str:
+        return self.description
+
+
+class RDMABuffer:
+    """A handle to memory that a process registered for others to read and write.
+
+    ``RDMABuffer(data)`` registers `data` (a 1-D contiguous CPU torch.Tensor,
+    numpy array, memoryview or bytearray; writable, since peers may write
+    into it) with this process's manager and keeps `data` alive until
+    `drop()` or until this object is garbage-collected, whichever comes first.
+    Empty, non-contiguous, multi-dimensional or read-only data is a
+    ValueError; a CUDA tensor is an UnimplementedError for now.
+
+    Send the buffer to other processes by pickling it (multiprocessing,
+    torch.distributed, an actor message) or with `to_bytes()`; what they get
+    is a handle: it reads and writes the registered memory but owns nothing,
+    and dropping or collecting it never releases the owner's buffer.
+
+    Sizes follow one rule: `read_into(dst)` copies the whole buffer into the
+    front of `dst`, so `dst` must be at least `size()` bytes; `write_from(src)`
+    copies the whole of `src` into the front of the buffer, so `src` must be
+    at most `size()` bytes. Anything else is a ValueError before a byte moves.
+    """
+
+    __slots__ = ("_handle", "_reg", "_owns", "_dropped", "__weakref__")
+
+    _handle: _rdmabuf.Handle
+    _reg: Optional[_rdmabuf.Registration]
+    _owns: bool
+    _dropped: bool
+
+    def __init__(self, data: LocalMemory) -> None:
+        reg = default_manager().register(data)
+        self._reg = reg
+        self._handle = reg.handle
+        self._owns = True
+        self._dropped = False
+
+    @classmethod
+    def _from_handle(
+        cls, handle: _rdmabuf.Handle, keep: Optional[_rdmabuf.Registration] = None
+    ) -> "RDMABuffer":
+        buf = cls.__new__(cls)
+        buf._handle = handle
+        buf._reg = keep
+        buf._owns = False
+        buf._dropped = False
+        return buf
+
+    # --- What it is ---------------------------------------------------------
+
+    def size(self) -> int:
+        """Bytes in the buffer (or in this slice of it)."""
+        return self._handle.size
+
+    @property
+    def owner(self) -> Owner:
+        """The process that registered the memory."""
+        return Owner(*self._handle.owner)
+
+    @property
+    def is_owner(self) -> bool:
+        """True for the object that registered the memory (its drop() releases it)."""
+        return self._owns
+
+    @property
+    def backends(self) -> List[str]:
+        """The transports the owner offers for this buffer, e.g. ["tcp"]."""
+        return list(self._handle.backends)
+
+    def slice(self, offset: int, length: int) -> "RDMABuffer":
+        """A handle to bytes [offset, offset + length) of this buffer. It keeps
+        this process's registration alive but, like any handle, releases
+        nothing. InvalidArgumentError when the range does not fit."""
+        self._check()
+        return RDMABuffer._from_handle(self._handle.slice(offset, length), self._reg)
+
+    # --- Transfers ----------------------------------------------------------
+
+    def read_into(self, dst: LocalMemory, *, timeout: Optional[float] = None) -> Future[int]:
+        """Copies the whole buffer into the front of `dst` (writable; at least
+        `size()` bytes). Starts at once; returns a Future of the bytes moved.
+        `timeout` in seconds (None: the configured default, RDMABUF_TIMEOUT_MS)."""
+        if self._dropped:
+            self._check()
+        return Future(default_manager().read_into(self._handle, dst, timeout, notify()))
+
+    def write_from(self, src: LocalMemory, *, timeout: Optional[float] = None) -> Future[int]:
+        """Copies the whole of `src` (at most `size()` bytes) into the front of
+        the buffer. Starts at once; returns a Future of the bytes moved."""
+        if self._dropped:
+            self._check()
+        return Future(default_manager().write_from(self._handle, src, timeout, notify()))
+
+    def drop(self) -> Future[None]:
+        """Stops sharing the memory; idempotent.
+
+        On the object that registered it: unregisters the buffer (waiting until
+        no peer's access is in flight), after which every handle to it fails
+        with NotFoundError, and lets go of the data. On a handle (unpickled,
+        from_bytes, slice): only makes this object unusable; nothing is
+        released. Done when it returns; the returned Future is already
+        complete, so ``await buf.drop()`` and ``buf.drop().get()`` also work.
+        """
+        if not self._dropped:
+            self._dropped = True
+            reg, self._reg = self._reg, None
+            if self._owns and reg is not None:
+                reg.drop()
+        return completed(None)
+
+    # --- Serialization ------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """The handle in rdmabuf's versioned binary form (a few hundred bytes)."""
+        self._check()
+        return self._handle.to_bytes()
+
+    @classmethod
+    def from_bytes(cls, data: Union[bytes, bytearray, memoryview]) -> "RDMABuffer":
+        """A handle decoded from `to_bytes()` output. Safe on untrusted input:
+        anything malformed is an InvalidArgumentError (a ValueError)."""
+        return cls._from_handle(_rdmabuf.Handle.from_bytes(data))
+
+    def to_text(self) -> str:
+        """The handle as one line of base64url (what `rdmabuf serve` prints)."""
+        self._check()
+        return self._handle.to_text()
+
+    @classmethod
+    def from_text(cls, text: str) -> "RDMABuffer":
+        """A handle decoded from `to_text()` output (surrounding whitespace ignored)."""
+        return cls._from_handle(_rdmabuf.Handle.from_text(text))
+
+    def __reduce__(self) -> Tuple[Any, Tuple[bytes]]:
+        return (_rebuild, (self.to_bytes(),))
+
+    def __repr__(self) -> str:
+        state = " dropped" if self._dropped else (" owner" if self._owns else "")
+        return f"<rdmabuf.RDMABuffer {self._handle.describe()}{state}>"
+
+    def _check(self) -> None:
+        if self._dropped:
+            raise NotFoundError(f"{self._handle.describe()}: this RDMABuffer was dropped")
+
+
+def _rebuild(data: bytes) -> RDMABuffer:
+    """Unpickles an RDMABuffer: decodes the handle's bytes, nothing else."""
+    return RDMABuffer.from_bytes(data)
+
+
+class RDMAAction:
+    """A batch of reads and writes submitted at once.
+
+    ``RDMAAction().read_into(buf, dst).write_from(buf2, src).submit()``: every
+    op starts together; ops to one owner are pipelined on its connections,
+    ops to different owners run concurrently. The Future resolves to None
+    when every op succeeded, or raises the error of the first failed op (by
+    position, in `op_index`); the other ops still ran. Sizes are checked
+    when an op is added (ValueError), local memory again at submit, where a
+    read into memory that another op of the batch also uses is a ValueError.
+    An action may be submitted many times.
+    """
+
+    __slots__ = ("_ops",)
+
+    def __init__(self) -> None:
+        self._ops: List[Tuple[bool, _rdmabuf.Handle, Any]] = []
+
+    def read_into(self, buf: RDMABuffer, dst: LocalMemory) -> Self:
+        """Adds a read of the whole of `buf` into the front of `dst`."""
+        buf._check()
+        size = _rdmabuf.local_size(dst, True)
+        if size < buf.size():
+            raise InvalidArgumentError(
+                f"read_into: dst holds {size} B, less than the buffer's {buf.size()} B"
+            )
+        self._ops.append((True, buf._handle, dst))
+        return self
+
+    def write_from(self, buf: RDMABuffer, src: LocalMemory) -> Self:
+        """Adds a write of the whole of `src` into the front of `buf`."""
+        buf._check()
+        size = _rdmabuf.local_size(src, False)
+        if size > buf.size():
+            raise InvalidArgumentError(
+                f"write_from: src holds {size} B, more than the buffer's {buf.size()} B"
+            )
+        self._ops.append((False, buf._handle, src))
+        return self
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def submit(self, *, timeout: Optional[float] = None) -> Future[None]:
+        """Starts every op; `timeout` (seconds) bounds the whole batch."""
+        return Future(default_manager().submit(list(self._ops), timeout, notify()))
+

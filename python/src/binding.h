@@ -1,0 +1,246 @@
+// The compiled half of the Python package: the objects the module `_rdmabuf`
+// exposes and the rules that keep Python memory safe under a transfer.
+//
+// Memory and threads. Library threads never touch a Python object: they do
+// not take the GIL, and no C++ keepalive of a LocalMemory owns a Python
+// reference. Instead the Python-side objects (PyRegistration, PyTransfer)
+// hold the Python objects and their buffer exports themselves, and let go of
+// them only once the library has stopped touching the memory: after
+// Manager::release returned, or once the Transfer is done (finished,
+// cancelled or destroyed, see rdmabuf/transfer.h).
+//
+// Fork. A forked child has none of its parent's library threads, so it must
+// never call into, or destroy, a Manager created before the fork. Every object
+// remembers the fork generation it was made in (bumped by a pthread_atfork
+// handler); in a later generation calls fail with FailedPrecondition and
+// destructors leak what they would otherwise shut down.
+#pragma once
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rdmabuf/rdmabuf.h"
+
+namespace rdmabuf::python {
+
+namespace py = pybind11;
+
+// --- Errors -----------------------------------------------------------------
+
+// Installs the Python exception classes, one per StatusCode (rdmabuf/_errors.py).
+void set_error_types(const py::dict& types);
+// Sets the Python error for `status` (the class registered for its code) and
+// throws py::error_already_set. `op_index`, when given, is stored on the
+// exception as `op_index`.
+[[noreturn]] void raise_status(const Status& status, std::optional<size_t> op_index = {});
+[[noreturn]] void raise_code(StatusCode code, std::string message);
+
+// --- Fork -------------------------------------------------------------------
+
+void install_fork_handler();
+uint64_t fork_generation();
+
+// --- Local memory from Python objects ---------------------------------------
+
+// A Python object's memory as a LocalMemory, and what keeps it valid: a
+// buffer export (which also stops a bytearray or ndarray from being resized)
+// or, for a torch tensor, a reference to the tensor. Move-only; destroy with
+// the GIL held.
+class PyLocal {
+ public:
+  PyLocal() = default;
+  PyLocal(PyLocal&& other) noexcept;
+  PyLocal& operator=(PyLocal&& other) noexcept;
+  PyLocal(const PyLocal&) = delete;
+  PyLocal& operator=(const PyLocal&) = delete;
+  ~PyLocal() { reset(); }
+
+  // Accepts a 1-D C-contiguous object that exports the buffer protocol
+  // (ndarray, memoryview, bytearray, bytes when !writable) or a 1-D
+  // contiguous CPU torch.Tensor. `what` names the argument in messages.
+  // TypeError for other types; ValueError (InvalidArgumentError) for data
+  // that is not 1-D, not contiguous, read-only when `writable`, or holds
+  // Python objects; UnimplementedError for tensors not on the CPU.
+  static PyLocal acquire(py::handle obj, bool writable, const char* what);
+
+  const LocalMemory& memory() const { return memory_; }
+  size_t size() const { return memory_.size(); }
+  // Drops the export / reference (GIL held).
+  void reset();
+
+ private:
+  LocalMemory memory_;
+  Py_buffer view_{};
+  bool has_view_ = false;
+  py::object keep_;
+};
+
+// --- Completions to an event loop -------------------------------------------
+
+// An eventfd and a queue of tokens: library threads push, the event loop's
+// thread drains. The eventfd is written only when the queue goes from empty
+// to non-empty, so a burst of completions costs one wake-up.
+class Notifier {
+ public:
+  Notifier();
+  ~Notifier();
+  Notifier(const Notifier&) = delete;
+  Notifier& operator=(const Notifier&) = delete;
+
+  int fd() const { return fd_; }
+  // Any thread; never blocks, never takes the GIL.
+  void push(uint64_t token);
+  // The tokens pushed since the last drain (clears the eventfd first, so no
+  // wake-up is lost).
+  std::vector<uint64_t> drain();
+
+ private:
+  int fd_ = -1;
+  std::mutex mu_;
+  std::vector<uint64_t> ready_;
+};
+
+// Shared between a PyTransfer and the on_done callback of its Transfer:
+// whether the transfer finished and who to tell when it does. Holds no
+// Python object (it may be destroyed on a library thread).
+class Completion {
+ public:
+  // on_done: marks done and pushes the token of every attached waiter.
+  void fire();
+  // Asks for `token` to be pushed to `notifier` when done. False (and
+  // nothing attached) when done already.
+  bool attach(std::shared_ptr<Notifier> notifier, uint64_t token);
+
+ private:
+  std::mutex mu_;
+  bool done_ = false;
+  std::vector<std::pair<std::shared_ptr<Notifier>, uint64_t>> waiters_;
+};
+
+// --- Manager, registrations, transfers ---------------------------------------
+
+class PyTransfer;
+class PyRegistration;
+
+class PyManager {
+ public:
+  explicit PyManager(std::unique_ptr<Manager> manager);
+  ~PyManager();
+  PyManager(const PyManager&) = delete;
+  PyManager& operator=(const PyManager&) = delete;
+
+  // True when made in this process (not inherited through fork).
+  bool in_this_process() const { return generation_ == fork_generation(); }
+  bool shut_down() const { return shut_down_; }
+  // The manager; FailedPrecondition when inherited through fork or shut down.
+  Manager& get();
+  // Unchecked: for reading config/identity only.
+  const Manager& peek() const { return *manager_; }
+
+  // Timeout in seconds (None: the configured default) as milliseconds.
+  std::chrono::milliseconds timeout_ms(std::optional<double> seconds) const;
+
+  void shutdown();
+
+ private:
+  std::unique_ptr<Manager> manager_;
+  uint64_t generation_;
+  bool shut_down_ = false;
+};
+
+// An owner-side registration: the handle, and the Python memory behind it,
+// held until drop().
+class PyRegistration {
+ public:
+  PyRegistration(py::object manager, RemoteBuffer handle, PyLocal local);
+  ~PyRegistration();
+  PyRegistration(const PyRegistration&) = delete;
+  PyRegistration& operator=(const PyRegistration&) = delete;
+
+  const RemoteBuffer& handle() const { return handle_; }
+  bool dropped() const { return dropped_; }
+  // Releases the buffer (waits, GIL released, until no peer's access is in
+  // flight), then lets go of the Python memory. Idempotent. In a forked
+  // child it only lets go (the parent's manager still serves the buffer).
+  void drop();
+
+ private:
+  py::object manager_;  // PyManager
+  RemoteBuffer handle_;
+  PyLocal local_;
+  uint64_t generation_;
+  bool dropped_ = false;
+};
+
+// A submitted batch: the Transfer, the Python memory its ops use (held until
+// it is done), and the completion the event loop attaches to.
+class PyTransfer {
+ public:
+  // `single`: the result is the byte count of op 0 (read_into/write_from);
+  // otherwise None (RDMAAction).
+  PyTransfer(py::object manager, bool single);
+  ~PyTransfer();
+  PyTransfer(const PyTransfer&) = delete;
+  PyTransfer& operator=(const PyTransfer&) = delete;
+
+  // Submits `ops` (whose memory `locals` holds). Releases the GIL around the
+  // submit call for large batches (a same-host backend may copy inside it).
+  //
+  // `notify`: submit with a completion callback, so that an event loop can
+  // attach() and be woken through an eventfd, and the manager enforces the
+  // deadline even while nobody waits. The callers pass it when an event loop
+  // runs in the calling thread (the future will most likely be awaited).
+  // Without it the transfer is submitted as a plain one, the cheapest path
+  // for wait(): a callback costs the manager's deadline thread a wake-up
+  // per transfer (several microseconds on a small machine). Such a transfer
+  // enforces its deadline when looked at (wait, done), and can still be
+  // awaited (attach() says it cannot notify; the Python layer then waits in
+  // an executor thread).
+  void start(Manager& manager, std::vector<Op> ops, std::vector<PyLocal> locals,
+             std::chrono::milliseconds timeout, bool notify);
+
+  // Non-blocking; also enforces the deadline.
+  bool done();
+  // Blocks (GIL released) until done, or at most `timeout` seconds; true
+  // when done. Wakes every 100 ms on the main thread to run signal handlers;
+  // an exception from one (KeyboardInterrupt) cancels the transfer and
+  // propagates.
+  bool wait(std::optional<double> timeout);
+  // Once done: the byte count (single) or None, or raises the first failed
+  // op's error. Lets go of the Python memory. Not done: raises
+  // FailedPrecondition.
+  py::object result();
+  // wait(timeout) then result(); TimeoutError when not done in time.
+  py::object wait_result(std::optional<double> timeout);
+  // Cancels what is unfinished; returns when the memory is no longer touched.
+  void cancel();
+  // Asks for `token` to be pushed to `notifier` when done: kAttached; or
+  // kDone (finished already; nothing attached); or kNoCallback (submitted
+  // without notify: nothing attached, wait() instead).
+  enum Attach : int { kDone = 0, kAttached = 1, kNoCallback = 2 };
+  int attach(const std::shared_ptr<Notifier>& notifier, uint64_t token);
+
+ private:
+  // FailedPrecondition in a forked child: its library threads are gone.
+  void check_process() const;
+
+  py::object manager_;  // PyManager: outlives the transfer
+  bool single_;
+  uint64_t bytes_ = 0;
+  uint64_t generation_;
+  std::shared_ptr<Completion> completion_;  // null: submitted without notify
+  // unique_ptr so that a transfer inherited through fork can be leaked.
+  std::unique_ptr<Transfer> transfer_;
+  std::vector<PyLocal> locals_;
+};
+
+}  // namespace rdmabuf::python

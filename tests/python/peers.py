@@ -1,0 +1,133 @@
+"""Entry points of the processes the tests start with multiprocessing (spawn).
+
+Kept out of the test modules so that a spawned child imports only this file
+(and rdmabuf, numpy, torch), not pytest's test collection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import traceback
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+import rdmabuf
+
+NP_SIZE = 1 << 20  # 1 MiB of uint8: byte i is (i * 7 + 3) % 251
+TORCH_NUMEL = 1 << 16  # float32: element i is float(i)
+
+
+def pattern(n: int, seed: int = 3) -> np.ndarray:
+    return ((np.arange(n, dtype=np.int64) * 7 + seed) % 251).astype(np.uint8)
+
+
+def owner_main(conn: Any, backends: str = "", with_torch: bool = True) -> None:
+    """Owns a numpy array and (with_torch) a torch tensor; answers commands on `conn`.
+
+    `backends`: what the owner offers (e.g. "tcp": a reader can then not
+    bypass a stopped owner through the same-host backend). Sends
+    {"np": RDMABuffer, "torch": RDMABuffer} (pickled handles) first, then
+    obeys: ("bytes", name) -> the buffer's current bytes; ("drop", name) ->
+    drops it, answers None; ("exit",) -> answers None and returns.
+    """
+    if backends:
+        rdmabuf.configure(backends=backends)
+    array = pattern(NP_SIZE)
+    memory: Dict[str, Any] = {"np": array}
+    if with_torch:
+        import torch
+
+        memory["torch"] = torch.arange(TORCH_NUMEL, dtype=torch.float32)
+    owned = {name: rdmabuf.RDMABuffer(data) for name, data in memory.items()}
+    conn.send(owned)
+    while True:
+        cmd = conn.recv()
+        try:
+            if cmd[0] == "bytes":
+                data = memory[cmd[1]]
+                conn.send(bytes(data.numpy().tobytes() if hasattr(data, "numpy") else data))
+            elif cmd[0] == "drop":
+                owned[cmd[1]].drop()
+                conn.send(None)
+            elif cmd[0] == "exit":
+                conn.send(None)
+                return
+            else:
+                conn.send(ValueError(f"unknown command {cmd!r}"))
+        except Exception as e:  # reported to the test, which fails
+            conn.send(RuntimeError(traceback.format_exc()))
+            del e
+
+
+def reader_main(handles: Dict[str, rdmabuf.RDMABuffer], conn: Any) -> None:
+    """Given the test process's buffers (unpickled from the Process
+    arguments): reads both, writes both, and reports what it read and
+    whether the errors it provoked were the right ones."""
+    import torch
+
+    try:
+        out: Dict[str, Any] = {"pid": os.getpid()}
+        np_buf = handles["np"]
+        t_buf = handles["torch"]
+        assert not np_buf.is_owner and np_buf.owner.pid != os.getpid()
+
+        # Read into numpy (blocking) and into torch (awaited).
+        dst = np.zeros(np_buf.size(), dtype=np.uint8)
+        out["np_read"] = np_buf.read_into(dst).get(timeout=30)
+        out["np_bytes"] = dst.tobytes()
+
+        async def read_tensor() -> Tuple[int, bytes]:
+            t = torch.zeros(t_buf.size() // 4, dtype=torch.float32)
+            n = await t_buf.read_into(t, timeout=30)
+            return n, t.numpy().tobytes()
+
+        out["torch_read"], out["torch_bytes"] = asyncio.run(read_tensor())
+
+        # Write a new pattern into both: numpy from a torch tensor, and back.
+        src = torch.from_numpy(pattern(np_buf.size(), seed=11))
+        out["np_written"] = np_buf.write_from(src).get()
+        out["torch_written"] = t_buf.write_from(
+            np.full(t_buf.size() // 4, 2.5, dtype=np.float32)
+        ).get()
+
+        # A destination too small is a ValueError, before any transfer.
+        try:
+            np_buf.read_into(np.zeros(10, dtype=np.uint8))
+            out["small_dst"] = "no error"
+        except ValueError as e:
+            out["small_dst"] = type(e).__name__
+        conn.send(out)
+    except Exception:
+        conn.send(RuntimeError(traceback.format_exc()))
+
+
+def configure_main(conn: Any) -> None:
+    """configure() and config() in a fresh process (rdmabuf unused before)."""
+    results: Dict[str, Any] = {}
+    try:
+        try:
+            rdmabuf.configure(no_such_field=1)
+        except TypeError:
+            results["unknown_field"] = "TypeError"
+        try:
+            rdmabuf.configure(tcp_streams=0)
+        except rdmabuf.InvalidArgumentError as e:
+            results["bad_value"] = ("InvalidArgumentError", isinstance(e, ValueError))
+        cfg = rdmabuf.configure(backends="tcp", tcp_streams=3, chunk_size="512K", timeout_ms=1234)
+        results["returned"] = cfg
+        results["before_use"] = rdmabuf.config()
+        buf = rdmabuf.RDMABuffer(bytearray(16))
+        results["in_use"] = rdmabuf.config()
+        results["buffer_backends"] = buf.backends
+        try:
+            rdmabuf.configure(tcp_streams=4)
+        except rdmabuf.FailedPreconditionError:
+            results["too_late"] = "FailedPreconditionError"
+        rdmabuf.shutdown()
+        results["after_shutdown"] = rdmabuf.configure(tcp_streams=4).tcp_streams
+        results["new_manager"] = rdmabuf.config().tcp_streams
+        conn.send(results)
+    except Exception:
+        conn.send(RuntimeError(traceback.format_exc()))
