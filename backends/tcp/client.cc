@@ -58,10 +58,8 @@ std::string owner_refused(uint8_t code) {
 
 }  // namespace
 
-Stream::Stream(const PeerContext* peer, int index) : peer_(peer), index_(index) {
-  auto fd = make_eventfd();
-  if (fd.ok()) wake_fd_ = std::move(fd).value();
-}
+Stream::Stream(const PeerContext* peer, int index)
+    : peer_(peer), index_(index), inbox_([this] { run(); }) {}
 
 Stream::~Stream() {
   stop();
@@ -69,73 +67,20 @@ Stream::~Stream() {
 
 void Stream::enqueue(std::vector<Chunk>& chunks, uint64_t cost) {
   load_.fetch_add(cost, std::memory_order_relaxed);
-  std::unique_lock lock(mu_);
-  if (stopped_) {
-    lock.unlock();
+  if (!inbox_.push(chunks)) {
     for (Chunk& c : chunks)
       finish(c, Cancelled("the manager is shutting down"));
     chunks.clear();
-    return;
   }
-  for (Chunk& c : chunks)
-    incoming_.push_back(std::move(c));
-  chunks.clear();
-  has_incoming_.store(true, std::memory_order_seq_cst);
-  if (!running_) {
-    if (thread_.joinable()) thread_.join();  // it has exited; reap it
-    running_ = true;
-    thread_ = std::thread([this] { run(); });
-    return;
-  }
-  lock.unlock();
-  if (sleeping_.load(std::memory_order_seq_cst)) signal_eventfd(wake_fd_.get());
 }
 
 void Stream::stop() {
-  std::thread joining;
-  {
-    std::lock_guard lock(mu_);
-    stopped_ = true;
-    stop_requested_.store(true, std::memory_order_release);
-    joining = std::move(thread_);
-  }
-  if (joining.joinable()) {
-    signal_eventfd(wake_fd_.get());
-    joining.join();
-  }
-  // Chunks enqueued while the thread was exiting.
-  std::vector<Chunk> left;
-  {
-    std::lock_guard lock(mu_);
-    left.swap(incoming_);
-  }
-  for (Chunk& c : left)
+  for (Chunk& c : inbox_.stop())
     finish(c, Cancelled("the manager is shutting down"));
 }
 
 bool Stream::idle() {
-  std::lock_guard lock(mu_);
-  return !running_ && incoming_.empty();
-}
-
-bool Stream::take_incoming() {
-  if (!has_incoming_.load(std::memory_order_acquire)) return false;
-  std::vector<Chunk> taken;
-  {
-    std::lock_guard lock(mu_);
-    taken.swap(incoming_);
-    has_incoming_.store(false, std::memory_order_relaxed);
-  }
-  for (Chunk& c : taken)
-    pending_.push_back(std::move(c));
-  return !taken.empty();
-}
-
-bool Stream::try_exit() {
-  std::lock_guard lock(mu_);
-  if (!incoming_.empty()) return false;
-  running_ = false;
-  return true;
+  return inbox_.idle();
 }
 
 void Stream::run() {
@@ -144,12 +89,11 @@ void Stream::run() {
     scratch_.reset(new uint8_t[kScratchBytes]);
   }
   BusyPoll poll(peer_->busy_poll);
-  while (!peer_->stopping->load(std::memory_order_acquire) &&
-         !stop_requested_.load(std::memory_order_acquire)) {
-    bool progressed = take_incoming();
+  while (!peer_->stopping->load(std::memory_order_acquire) && !inbox_.stop_requested()) {
+    bool progressed = inbox_.take(pending_);
     if (!sock_.valid()) {
       if (pending_.empty()) {
-        if (try_exit()) return;
+        if (inbox_.try_exit()) return;
         continue;
       }
       connect();
@@ -166,10 +110,9 @@ void Stream::run() {
     if (poll.spin()) continue;
     sleep_until_ready();
   }
-  take_incoming();
+  for (Chunk& c : inbox_.take_all())
+    pending_.push_back(std::move(c));
   fail_all(StatusCode::kCancelled, "the manager is shutting down");
-  std::lock_guard lock(mu_);
-  running_ = false;
 }
 
 void Stream::connect() {
@@ -499,9 +442,8 @@ bool Stream::pump_recv() {
 // --- idling -----------------------------------------------------------------
 
 void Stream::sleep_until_ready() {
-  sleeping_.store(true, std::memory_order_seq_cst);
-  if (has_incoming_.load(std::memory_order_seq_cst)) {
-    sleeping_.store(false, std::memory_order_relaxed);
+  if (!inbox_.prepare_sleep()) {
+    inbox_.after_sleep(false);
     return;
   }
   bool outstanding = !inflight_.empty() || !segs_.empty();
@@ -513,10 +455,9 @@ void Stream::sleep_until_ready() {
   }
   short sock_events = POLLIN | (segs_.empty() ? 0 : POLLOUT);
   pollfd fds[3] = {
-      {wake_fd_.get(), POLLIN, 0}, {sock_.get(), sock_events, 0}, {peer_->stop_fd, POLLIN, 0}};
+      {inbox_.wake_fd(), POLLIN, 0}, {sock_.get(), sock_events, 0}, {peer_->stop_fd, POLLIN, 0}};
   int rc = ::poll(fds, peer_->stop_fd >= 0 ? 3 : 2, timeout_ms);
-  sleeping_.store(false, std::memory_order_relaxed);
-  if (rc > 0 && (fds[0].revents & POLLIN)) drain_eventfd(wake_fd_.get());
+  inbox_.after_sleep(rc > 0 && (fds[0].revents & POLLIN));
   if (rc == 0 && outstanding && Clock::now() - last_io_ >= peer_->stall_timeout) {
     broken("owner at " + peer_->address.to_string() + " stopped responding for " +
            std::to_string(peer_->stall_timeout.count()) + " ms");

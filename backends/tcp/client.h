@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/tcp/protocol.h"
+#include "common/inbox.h"
 #include "common/socket.h"
 #include "rdmabuf/backend.h"
 
@@ -75,8 +76,6 @@ class Stream {
   };
 
   void run();
-  bool take_incoming();
-  bool try_exit();
   void connect();
   void encode();
   bool pump_send();
@@ -96,16 +95,7 @@ class Stream {
   const int index_;
   std::atomic<uint64_t> load_{0};
 
-  // Shared with submitters.
-  std::mutex mu_;
-  std::vector<Chunk> incoming_;
-  bool running_ = false;
-  bool stopped_ = false;
-  std::atomic<bool> stop_requested_{false};  // stop() was called: the thread exits
-  std::thread thread_;
-  std::atomic<bool> has_incoming_{false};
-  std::atomic<bool> sleeping_{false};
-  Fd wake_fd_;
+  Inbox<Chunk> inbox_;  // shared with submitters; starts and stops the thread
 
   // The thread's own state.
   Fd sock_;
