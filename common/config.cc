@@ -83,6 +83,17 @@ Result<Config> Config::from_env() {
     if (!n.ok()) return bad_env("RDMABUF_CHUNK_SIZE", v, "a size such as 1M");
     c.chunk_size = *n;
   }
+  if (const char* v = env("RDMABUF_IB_DEVICE")) c.ib_device = v;
+  if (const char* v = env("RDMABUF_IB_GID_INDEX")) {
+    auto n = parse_int(v, -1, 65535);
+    if (!n) return bad_env("RDMABUF_IB_GID_INDEX", v, "an index in 0..65535, or -1 for automatic");
+    c.ib_gid_index = static_cast<int>(*n);
+  }
+  if (const char* v = env("RDMABUF_IB_MAX_MESSAGE")) {
+    auto n = parse_size(v);
+    if (!n.ok()) return bad_env("RDMABUF_IB_MAX_MESSAGE", v, "a size such as 1M");
+    c.ib_max_message = *n;
+  }
   if (const char* v = env("RDMABUF_BUSY_POLL_US")) {
     auto n = parse_int(v, 0, 10'000'000);
     if (!n) return bad_env("RDMABUF_BUSY_POLL_US", v, "microseconds in 0..10000000");
@@ -125,6 +136,12 @@ Status Config::validate() const {
     return InvalidArgument("chunk_size (RDMABUF_CHUNK_SIZE) = " + std::to_string(chunk_size) +
                            ": must be in 4 KiB..1 GiB");
   }
+  if (ib_max_message < kMinChunk || ib_max_message > kMaxChunk) {
+    return InvalidArgument("ib_max_message (RDMABUF_IB_MAX_MESSAGE) = " +
+                           std::to_string(ib_max_message) + ": must be in 4 KiB..1 GiB");
+  }
+  if (ib_gid_index < -1)
+    return InvalidArgument("ib_gid_index (RDMABUF_IB_GID_INDEX) must be >= -1");
   if (busy_poll.count() < 0) {
     return InvalidArgument("busy_poll (RDMABUF_BUSY_POLL_US) must be >= 0");
   }
@@ -151,6 +168,9 @@ std::vector<std::pair<std::string, std::string>> Config::describe() const {
       {"allow_tcp_fallback", allow_tcp_fallback ? "1" : "0"},
       {"tcp_streams", std::to_string(tcp_streams)},
       {"chunk_size", format_bytes(chunk_size)},
+      {"ib_device", ib_device.empty() ? "(first with an active port)" : ib_device},
+      {"ib_gid_index", ib_gid_index < 0 ? "(auto)" : std::to_string(ib_gid_index)},
+      {"ib_max_message", format_bytes(ib_max_message)},
       {"busy_poll_us", std::to_string(busy_poll.count())},
       {"default_timeout_ms", std::to_string(default_timeout.count())},
       {"io_stall_timeout_ms", std::to_string(io_stall_timeout.count())},

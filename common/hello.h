@@ -20,6 +20,7 @@ namespace rdmabuf {
 enum class Channel : uint8_t {
   kControl = 1,  // manager-to-manager requests (core)
   kTcpData = 2,  // the tcp backend's data streams
+  kIbverbs = 3,  // the ibverbs backend's queue pair handshakes
 };
 
 constexpr uint16_t kProtocolVersion = 1;

@@ -41,6 +41,18 @@ struct Config {
   // into chunks of this size, each an independent request. 4 KiB..1 GiB.
   size_t chunk_size = size_t{1} << 20;
 
+  // RDMABUF_IB_DEVICE. The RDMA device the ibverbs backend uses; empty: the
+  // first device with an active port.
+  std::string ib_device;
+
+  // RDMABUF_IB_GID_INDEX. The GID index used on that device's port; -1: a
+  // RoCE v2 IPv4 GID where there is one, else any RoCE v2 GID, else 0.
+  int ib_gid_index = -1;
+
+  // RDMABUF_IB_MAX_MESSAGE (K/M/G suffixes). Ops over ibverbs are cut into
+  // work requests of at most this size. 4 KiB..1 GiB.
+  size_t ib_max_message = size_t{1} << 20;
+
   // RDMABUF_BUSY_POLL_US. After activity, I/O threads and waiters spin
   // (yielding the CPU between checks) this long before they sleep in the
   // kernel. Longer: lower latency for bursts, more CPU burnt. 0 disables.

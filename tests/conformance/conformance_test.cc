@@ -36,6 +36,7 @@ using testing::ScopedIgnoreReads;
 std::vector<std::string> backends_under_test() {
   return {
       "memory",
+      "ibverbs",
       "tcp",
   };
 }

@@ -1,0 +1,444 @@
+#include "backends/ibverbs/connection.h"
+
+#include <poll.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "backends/ibverbs/handshake.h"
+#include "common/futex.h"
+#include "common/hello.h"
+#include "common/log.h"
+#include "common/op_text.h"
+
+namespace rdmabuf::ibverbs {
+namespace {
+
+// Work requests a queue pair holds at once.
+constexpr uint32_t kDepth = 512;
+// Work requests posted with one ibv_post_send.
+constexpr int kPostBatch = 32;
+// Every this many work requests one is signalled (and always the last of
+// a post), so completions stay few and the queue always drains.
+constexpr uint64_t kSignalEvery = 16;
+// How long a handshake may take.
+constexpr auto kConnectBudget = std::chrono::seconds(10);
+constexpr auto kMaxBackoff = std::chrono::milliseconds(5000);
+// How long a drain may take before the queue pair is destroyed instead.
+constexpr auto kDrainLimit = std::chrono::seconds(5);
+
+void sleep_for(std::chrono::nanoseconds d) {
+  timespec ts{0, static_cast<long>(d.count())};
+  ::nanosleep(&ts, nullptr);
+}
+
+}  // namespace
+
+Connection::Connection(ConnectionContext context)
+    : context_(std::move(context)), inbox_([this] { run(); }) {}
+
+Connection::~Connection() {
+  stop();
+}
+
+void Connection::enqueue(std::vector<Chunk>& chunks) {
+  if (!inbox_.push(chunks)) {
+    for (Chunk& c : chunks)
+      complete(c, Cancelled("the manager is shutting down"));
+    chunks.clear();
+  }
+}
+
+void Connection::stop() {
+  for (Chunk& c : inbox_.stop())
+    complete(c, Cancelled("the manager is shutting down"));
+}
+
+Status Connection::health() const {
+  std::lock_guard lock(health_mu_);
+  if (!failure_.ok() && Clock::now() < retry_at_) return failure_;
+  return Status::Ok();
+}
+
+void Connection::complete(Chunk& chunk, const Status& status) {
+  TransferState& t = *chunk.transfer;
+  if (status.ok() || t.cancelled()) {
+    t.complete_part(chunk.op, status);
+  } else {
+    t.complete_part(chunk.op,
+                    Status(status.code(), describe_op(t.op(chunk.op)) + ": " + status.message()));
+  }
+  chunk.transfer.reset();
+}
+
+void Connection::fail_pending(const Status& status) {
+  for (Chunk& c : pending_)
+    complete(c, status);
+  pending_.clear();
+}
+
+bool Connection::touch(TransferState* t) {
+  uint32_t& n = touching_[t];
+  if (n == 0 && !t->begin_touch()) {
+    touching_.erase(t);
+    return false;
+  }
+  ++n;
+  return true;
+}
+
+void Connection::untouch(TransferState* t) {
+  auto it = touching_.find(t);
+  if (it == touching_.end()) return;
+  if (--it->second == 0) {
+    touching_.erase(it);
+    t->end_touch();
+  }
+}
+
+void Connection::finish_posted(Posted& p, const Status& status) {
+  // The NIC is done with this memory: the completion (or the drain) says so.
+  untouch(p.chunk.transfer.get());
+  complete(p.chunk, status);
+  p.region.reset();
+}
+
+// --- the thread -------------------------------------------------------------
+
+void Connection::run() {
+  BusyPoll busy(context_.busy_poll);
+  while (!context_.stopping->load(std::memory_order_acquire) && !inbox_.stop_requested()) {
+    bool progressed = inbox_.take(pending_);
+    if (!qp_) {
+      if (pending_.empty()) {
+        if (inbox_.try_exit()) return;
+        continue;
+      }
+      Status backing_off = health();
+      if (!backing_off.ok()) {
+        fail_pending(backing_off);
+        continue;
+      }
+      connect();
+      busy.activity();
+      continue;
+    }
+    progressed |= post();
+    progressed |= poll();
+    progressed |= cancel_if_needed();
+    if (progressed) {
+      busy.activity();
+      continue;
+    }
+    if (busy.spin()) continue;
+    sleep_idle();
+  }
+  for (Chunk& c : inbox_.take_all())
+    pending_.push_back(std::move(c));
+  if (qp_) reset(0, Cancelled("the manager is shutting down"));
+  for (Posted& p : posted_)
+    finish_posted(p, Cancelled("the manager is shutting down"));
+  posted_.clear();
+  fail_pending(Cancelled("the manager is shutting down"));
+}
+
+void Connection::sleep_idle() {
+  if (!posted_.empty()) {
+    // Completions are coming: back off, checking often enough that a
+    // cancellation is noticed within a millisecond.
+    sleep_for(std::chrono::microseconds(200));
+    return;
+  }
+  // Nothing in flight: sleep until new work, shutdown, or the owner closing
+  // its side (then the queue pair is useless: reset it now, not mid-op).
+  if (!inbox_.prepare_sleep()) {
+    inbox_.after_sleep(false);
+    return;
+  }
+  pollfd fds[3] = {
+      {inbox_.wake_fd(), POLLIN, 0}, {control_.get(), POLLIN, 0}, {context_.stop_fd, POLLIN, 0}};
+  int rc = ::poll(fds, context_.stop_fd >= 0 ? 3 : 2, -1);
+  inbox_.after_sleep(rc > 0 && (fds[0].revents & POLLIN));
+  if (rc > 0 && fds[1].revents) {
+    RDMABUF_LOG_INFO("ibverbs: the owner at " + context_.owner_address.to_string() +
+                     " closed its queue pair");
+    reset(0, Unavailable("the owner closed the queue pair"));
+  }
+}
+
+void Connection::connect() {
+  // A budget of its own, not the ops' deadlines: the pair serves the ops
+  // that come later too, and a handshake cut short by an impatient op would
+  // count as a failure (and back off).
+  const Deadline deadline = Clock::now() + kConnectBudget;
+  const std::string where = context_.owner_address.to_string();
+  auto attempt = [&]() -> Status {
+    RDMABUF_ASSIGN_OR_RETURN(auto qp, QueuePair::create(*context_.device, kDepth));
+    RDMABUF_ASSIGN_OR_RETURN(Fd fd,
+                             connect_tcp(context_.owner_address, deadline, context_.stop_fd));
+    Hello hello{Channel::kIbverbs, context_.self_id, context_.owner_id};
+    RDMABUF_RETURN_IF_ERROR(exchange_hello(fd.get(), hello, deadline, context_.stop_fd).status());
+    RDMABUF_RETURN_IF_ERROR(
+        send_connect(fd.get(), context_.owner_device, qp->local(), deadline, context_.stop_fd));
+    RDMABUF_ASSIGN_OR_RETURN(Endpoint remote, read_accepted(fd.get(), deadline, context_.stop_fd));
+    RDMABUF_RETURN_IF_ERROR(qp->connect(remote));
+    qp_ = std::move(qp);
+    control_ = std::move(fd);
+    return Status::Ok();
+  };
+  Status st = attempt();
+  if (st.ok()) {
+    std::lock_guard lock(health_mu_);
+    failure_ = Status::Ok();
+    backoff_ = std::chrono::milliseconds(100);
+    RDMABUF_LOG_DEBUG("ibverbs: queue pair to " + context_.owner_device + " at " + where +
+                      " ready");
+    return;
+  }
+  Status failure(st.code(), "cannot set up a queue pair to device " + context_.owner_device +
+                                " of the owner at " + where + ": " + st.message());
+  {
+    std::lock_guard lock(health_mu_);
+    failure_ = failure;
+    retry_at_ = Clock::now() + backoff_;
+    backoff_ =
+        std::min(backoff_ * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kMaxBackoff));
+  }
+  RDMABUF_LOG_INFO("ibverbs: " + failure.message());
+  fail_pending(failure);
+}
+
+bool Connection::post() {
+  ibv_send_wr wrs[kPostBatch];
+  ibv_sge sges[kPostBatch];
+  int n = 0;
+  bool progressed = false;
+  while (!pending_.empty() && posted_.size() < qp_->depth() && n < kPostBatch) {
+    Chunk& c = pending_.front();
+    TransferState* t = c.transfer.get();
+    if (t->cancelled()) {  // never posted: nothing to drain
+      complete(c, Cancelled("cancelled before it was posted"));
+      pending_.pop_front();
+      progressed = true;
+      continue;
+    }
+    Status valid = validate(t->op(c.op).remote);
+    if (!valid.ok()) {
+      complete(c, valid);
+      pending_.pop_front();
+      progressed = true;
+      continue;
+    }
+    auto region = context_.registrations->acquire(t->op(c.op).local, c.local, c.length);
+    if (!region.ok()) {
+      complete(c, region.status());
+      pending_.pop_front();
+      progressed = true;
+      continue;
+    }
+    if (!touch(t)) {
+      complete(c, Cancelled("cancelled before it was posted"));
+      pending_.pop_front();
+      progressed = true;
+      continue;
+    }
+    ibv_sge& sge = sges[n];
+    sge.addr = reinterpret_cast<uint64_t>(c.local);
+    sge.length = c.length;
+    sge.lkey = (*region)->lkey();
+    ibv_send_wr& wr = wrs[n];
+    wr = {};
+    wr.wr_id = next_wr_++;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = c.kind == OpKind::kReadIntoLocal ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+    wr.send_flags = wr.wr_id % kSignalEvery == 0 ? IBV_SEND_SIGNALED : 0;
+    wr.wr.rdma.remote_addr = c.remote_addr;
+    wr.wr.rdma.rkey = c.rkey;
+    if (n > 0) wrs[n - 1].next = &wr;
+    posted_.push_back(Posted{std::move(c), std::move(region).value(), wr.wr_id});
+    pending_.pop_front();
+    ++n;
+  }
+  if (n == 0) return progressed;
+  wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;  // the last is always signalled
+  ibv_send_wr* bad = nullptr;
+  int rc = ibv_post_send(qp_->qp(), wrs, &bad);
+  if (rc != 0) {
+    // Not posted from `bad` on: the queue pair is unusable. Its posted work
+    // drains below; what was not posted goes back to the front, in order.
+    uint64_t first_unposted = bad ? bad->wr_id : wrs[0].wr_id;
+    while (!posted_.empty() && posted_.back().wr_id >= first_unposted) {
+      Posted p = std::move(posted_.back());
+      posted_.pop_back();
+      untouch(p.chunk.transfer.get());
+      pending_.push_front(std::move(p.chunk));
+    }
+    reset(0, Unavailable("ibv_post_send: " + errno_text(rc > 0 ? rc : errno)));
+  }
+  return true;
+}
+
+bool Connection::poll() {
+  if (posted_.empty()) return false;
+  ibv_wc wc[32];
+  int n = ibv_poll_cq(qp_->cq(), 32, wc);
+  if (n < 0) {
+    reset(0, Internal("ibv_poll_cq failed"));
+    return true;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (wc[i].status == IBV_WC_SUCCESS) {
+      // In order: this and every earlier (unsignalled) request are done.
+      while (!posted_.empty() && posted_.front().wr_id <= wc[i].wr_id) {
+        finish_posted(posted_.front(), Status::Ok());
+        posted_.pop_front();
+      }
+      continue;
+    }
+    // The first error is the root cause; the queue pair is in error now and
+    // flushes everything after it. Those before it completed.
+    while (!posted_.empty() && posted_.front().wr_id < wc[i].wr_id) {
+      finish_posted(posted_.front(), Status::Ok());
+      posted_.pop_front();
+    }
+    Status cause = Unavailable(context_.device->lib().wc_status_str(wc[i].status));
+    if (!posted_.empty() && posted_.front().wr_id == wc[i].wr_id) {
+      cause = explain(wc[i], posted_.front().chunk);
+    }
+    RDMABUF_LOG_INFO("ibverbs: work request failed: " + cause.to_string());
+    reset(wc[i].wr_id, cause);
+    return true;
+  }
+  return n > 0;
+}
+
+Status Connection::validate(const RemoteBuffer& remote) {
+  auto it = validated_.find(remote.id());
+  if (it != validated_.end() && it->second.token == remote.token() &&
+      it->second.region_size == remote.region_size()) {
+    return it->second.answer;
+  }
+  Status owner = query_buffer(control_.get(), remote.id(), remote.token(), remote.region_size(),
+                              Clock::now() + std::chrono::seconds(10), context_.stop_fd);
+  Status answer;
+  switch (owner.code()) {
+    case StatusCode::kOk:
+      break;
+    case StatusCode::kNotFound:
+      answer = NotFound("the owner does not have this buffer");
+      break;
+    case StatusCode::kPermissionDenied:
+      answer = PermissionDenied("the owner refused the handle's token");
+      break;
+    case StatusCode::kInvalidArgument:
+      answer = InvalidArgument("the handle's buffer size does not match the owner's");
+      break;
+    default:
+      // The control connection failed: not an answer about the buffer.
+      return Unavailable("cannot ask the owner about the buffer: " + owner.message());
+  }
+  validated_[remote.id()] = Validated{remote.token(), remote.region_size(), answer};
+  return answer;
+}
+
+Status Connection::explain(const ibv_wc& wc, const Chunk& chunk) {
+  const char* what = context_.device->lib().wc_status_str(wc.status);
+  switch (wc.status) {
+    case IBV_WC_REM_ACCESS_ERR: {
+      // The owner's NIC refused the key or the range. Ask the owner whether
+      // the buffer is still there, so that a released buffer reads as
+      // NotFound, as over every transport.
+      const RemoteBuffer& remote = chunk.transfer->op(chunk.op).remote;
+      Status owner = query_buffer(control_.get(), remote.id(), remote.token(), remote.region_size(),
+                                  Clock::now() + std::chrono::seconds(2), context_.stop_fd);
+      if (owner.code() == StatusCode::kNotFound) {
+        // Remember it: later ops on this handle fail without a round trip.
+        Status gone = NotFound("the owner released this buffer");
+        validated_[remote.id()] = Validated{remote.token(), remote.region_size(), gone};
+        return gone;
+      }
+      if (owner.code() == StatusCode::kPermissionDenied) {
+        return PermissionDenied("the owner refused the handle's token");
+      }
+      return PermissionDenied(std::string("the owner's NIC refused the access (") + what +
+                              "): the handle's key or range does not match the registration");
+    }
+    case IBV_WC_RETRY_EXC_ERR:
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+      return Unavailable(std::string("the owner stopped answering (") + what + ")");
+    case IBV_WC_LOC_PROT_ERR:
+    case IBV_WC_LOC_LEN_ERR:
+    case IBV_WC_LOC_ACCESS_ERR:
+      return Internal(std::string("local memory was refused by the NIC (") + what + ")");
+    default:
+      return Unavailable(std::string("work request failed: ") + what);
+  }
+}
+
+bool Connection::cancel_if_needed() {
+  for (const auto& [t, n] : touching_) {
+    if (t->cancelled()) {
+      reset(0, Cancelled("a transfer on this queue pair was cancelled"));
+      return true;
+    }
+  }
+  return false;
+}
+
+void Connection::reset(uint64_t failed, const Status& cause) {
+  // Error first: from here the NIC only flushes. The last posted request
+  // is always signalled and completions come in order, so its completion
+  // means nothing posted can touch memory any more.
+  if (qp_) {
+    qp_->to_error().ignore();
+    const uint64_t last = posted_.empty() ? 0 : posted_.back().wr_id;
+    const auto give_up = Clock::now() + kDrainLimit;
+    bool drained = last == 0;
+    while (!drained && Clock::now() < give_up) {
+      ibv_wc wc[32];
+      int n = ibv_poll_cq(qp_->cq(), 32, wc);
+      for (int i = 0; i < n; ++i) {
+        drained |= wc[i].wr_id == last;
+        if (wc[i].status != IBV_WC_SUCCESS) continue;
+        // Finished before the error took hold: done, not to be repeated.
+        while (!posted_.empty() && posted_.front().wr_id <= wc[i].wr_id) {
+          finish_posted(posted_.front(), Status::Ok());
+          posted_.pop_front();
+        }
+      }
+      if (n <= 0) sleep_for(std::chrono::microseconds(50));
+    }
+    if (!drained) {
+      RDMABUF_LOG_WARN("ibverbs: a queue pair did not drain in time; destroying it");
+    }
+    qp_.reset();  // destroying it also stops the NIC from using it
+  }
+  control_.reset();
+  // Complete what was posted: the failed request with the cause, cancelled
+  // transfers as cancelled; the others go again, in order, on a new pair:
+  // once for a failure they did not cause, always for another transfer's
+  // cancellation.
+  const bool for_cancellation = cause.code() == StatusCode::kCancelled;
+  std::deque<Chunk> again;
+  for (Posted& p : posted_) {
+    if (p.wr_id == failed) {
+      finish_posted(p, cause);
+    } else if (p.chunk.transfer->cancelled()) {
+      finish_posted(p, Cancelled("cancelled"));
+    } else if (for_cancellation || p.chunk.retries == 0) {
+      if (!for_cancellation) p.chunk.retries++;
+      untouch(p.chunk.transfer.get());
+      p.region.reset();
+      again.push_back(std::move(p.chunk));
+    } else {
+      finish_posted(p, Status(cause.code(), "queue pair failed: " + cause.message()));
+    }
+  }
+  posted_.clear();
+  for (auto it = again.rbegin(); it != again.rend(); ++it)
+    pending_.push_front(std::move(*it));
+}
+
+}  // namespace rdmabuf::ibverbs

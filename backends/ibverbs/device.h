@@ -1,0 +1,105 @@
+// An RDMA device port opened for rdmabuf: its context, one protection domain,
+// the port's attributes and the GID used; and memory registrations on it.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/ibverbs/ibv_lib.h"
+#include "rdmabuf/memory.h"
+#include "rdmabuf/status.h"
+
+namespace rdmabuf::ibverbs {
+
+class Device {
+ public:
+  // Opens `name` (empty: the first device with an active port) and picks
+  // the GID: `gid_index` when >= 0, else a RoCE v2 IPv4 GID where there is
+  // one, else index 0. The error says why none can be used.
+  static Result<std::unique_ptr<Device>> open(const IbvLib& lib, const std::string& name,
+                                              int gid_index);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const IbvLib& lib() const { return lib_; }
+  const std::string& name() const { return name_; }
+  ibv_context* context() const { return context_; }
+  ibv_pd* pd() const { return pd_; }
+  uint8_t port() const { return port_; }
+  int gid_index() const { return gid_index_; }
+  const ibv_gid& gid() const { return gid_; }
+  uint16_t lid() const { return port_attr_.lid; }
+  ibv_mtu mtu() const { return port_attr_.active_mtu; }
+  bool is_roce() const { return port_attr_.link_layer == IBV_LINK_LAYER_ETHERNET; }
+  const ibv_device_attr& attr() const { return device_attr_; }
+
+  // "rxe0 port 1 (RoCE, active, MTU 1024), GID[1] ::ffff:10.0.2.15 (RoCE v2)"
+  std::string describe() const;
+
+ private:
+  Device(const IbvLib& lib) : lib_(lib) {}
+
+  const IbvLib& lib_;
+  std::string name_;
+  ibv_context* context_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  uint8_t port_ = 1;
+  int gid_index_ = 0;
+  ibv_gid gid_{};
+  ibv_port_attr port_attr_{};
+  ibv_device_attr device_attr_{};
+};
+
+// Every device, port and GID this host has, for `rdmabuf info`; an empty
+// list and the reason when there are none.
+std::vector<std::string> list_devices(const IbvLib& lib);
+
+// A memory registration, deregistered when the last reference goes.
+class MemoryRegion {
+ public:
+  MemoryRegion(const IbvLib& lib, ibv_mr* mr) : lib_(lib), mr_(mr) {}
+  ~MemoryRegion() { lib_.dereg_mr(mr_); }
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+  uint32_t lkey() const { return mr_->lkey; }
+  uint32_t rkey() const { return mr_->rkey; }
+  const std::byte* begin() const { return static_cast<const std::byte*>(mr_->addr); }
+  const std::byte* end() const { return begin() + mr_->length; }
+
+ private:
+  const IbvLib& lib_;
+  ibv_mr* mr_;
+};
+
+// Registers [addr, addr + size) on `device` with `access` flags.
+Result<std::shared_ptr<MemoryRegion>> register_range(const Device& device, const void* addr,
+                                                     size_t size, int access);
+
+// Registrations of the reader's local memory, cached while the memory's
+// keepalive lives (memory without a keepalive is registered per use: the
+// library cannot know when it is freed, and a registration that outlives
+// its memory would point the NIC at pages that now belong to someone else).
+// Thread-safe.
+class LocalRegistrations {
+ public:
+  explicit LocalRegistrations(const Device& device) : device_(device) {}
+  // A registration covering [addr, addr + size) of `memory`.
+  Result<std::shared_ptr<MemoryRegion>> acquire(const LocalMemory& memory, const std::byte* addr,
+                                                size_t size);
+
+ private:
+  struct Entry {
+    std::weak_ptr<const void> keepalive;
+    std::shared_ptr<MemoryRegion> region;
+  };
+  const Device& device_;
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace rdmabuf::ibverbs

@@ -1,0 +1,155 @@
+#include "backends/ibverbs/handshake.h"
+
+#include <cstring>
+#include <vector>
+
+#include "common/socket.h"
+#include "common/wire.h"
+
+namespace rdmabuf::ibverbs {
+namespace {
+
+constexpr uint8_t kMagic[4] = {'R', 'B', 'I', 'V'};
+constexpr uint16_t kVersion = 1;
+constexpr size_t kEndpointBytes = 32;
+constexpr uint32_t kMaxMessage = 1024;
+constexpr uint8_t kQueryBuffer = 1;
+
+void put_endpoint(WireWriter& w, const Endpoint& e) {
+  w.put<uint32_t>(e.qpn);
+  w.put<uint32_t>(e.psn);
+  w.bytes(e.gid.raw, sizeof e.gid.raw);
+  w.put<uint16_t>(e.lid);
+  w.put<uint8_t>(e.mtu);
+  w.put<uint8_t>(0);
+  w.put<uint32_t>(0);
+}
+
+Result<Endpoint> get_endpoint(WireReader& r) {
+  Endpoint e;
+  e.qpn = r.get<uint32_t>();
+  e.psn = r.get<uint32_t>();
+  r.bytes(e.gid.raw, sizeof e.gid.raw);
+  e.lid = r.get<uint16_t>();
+  e.mtu = r.get<uint8_t>();
+  r.get<uint8_t>();
+  r.get<uint32_t>();
+  if (!r.ok() || e.psn > 0xffffff || e.mtu < IBV_MTU_256 || e.mtu > IBV_MTU_4096) {
+    return ProtocolError("malformed queue pair endpoint");
+  }
+  return e;
+}
+
+Status send_all(int fd, const std::vector<uint8_t>& out, Deadline deadline, int stop_fd) {
+  return send_exact(fd, out.data(), out.size(), deadline, stop_fd);
+}
+
+}  // namespace
+
+Status send_connect(int fd, const std::string& owner_device, const Endpoint& mine,
+                    Deadline deadline, int stop_fd) {
+  std::vector<uint8_t> out;
+  WireWriter w(out);
+  w.bytes(kMagic, sizeof kMagic);
+  w.put<uint16_t>(kVersion);
+  w.put<uint16_t>(0);
+  char device[kDeviceNameBytes] = {};
+  std::strncpy(device, owner_device.c_str(), sizeof device - 1);
+  w.bytes(device, sizeof device);
+  put_endpoint(w, mine);
+  return send_all(fd, out, deadline, stop_fd);
+}
+
+Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd) {
+  uint8_t in[8 + kDeviceNameBytes + kEndpointBytes];
+  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, deadline, stop_fd));
+  WireReader r(in);
+  if (std::memcmp(r.view(4).data(), kMagic, 4) != 0 || r.get<uint16_t>() != kVersion ||
+      r.get<uint16_t>() != 0) {
+    return ProtocolError("not an rdmabuf ibverbs connect request");
+  }
+  ConnectRequest request;
+  auto name = r.view(kDeviceNameBytes);
+  request.device.assign(reinterpret_cast<const char*>(name.data()),
+                        strnlen(reinterpret_cast<const char*>(name.data()), name.size()));
+  RDMABUF_ASSIGN_OR_RETURN(request.endpoint, get_endpoint(r));
+  return request;
+}
+
+Status send_accepted(int fd, const Status& status, const Endpoint& mine, Deadline deadline,
+                     int stop_fd) {
+  std::vector<uint8_t> out;
+  WireWriter w(out);
+  std::string message = status.message().substr(0, kMaxMessage);
+  w.put<uint8_t>(static_cast<uint8_t>(status.code()));
+  for (int i = 0; i < 7; ++i)
+    w.put<uint8_t>(0);
+  put_endpoint(w, mine);
+  w.put<uint32_t>(static_cast<uint32_t>(message.size()));
+  w.bytes(message.data(), message.size());
+  return send_all(fd, out, deadline, stop_fd);
+}
+
+Result<Endpoint> read_accepted(int fd, Deadline deadline, int stop_fd) {
+  uint8_t in[8 + kEndpointBytes + 4];
+  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, deadline, stop_fd));
+  WireReader r(in);
+  auto code = static_cast<StatusCode>(r.get<uint8_t>());
+  r.view(7);
+  auto endpoint = get_endpoint(r);
+  uint32_t length = r.get<uint32_t>();
+  if (length > kMaxMessage || code > StatusCode::kInternal) {
+    return ProtocolError("malformed queue pair answer");
+  }
+  std::string message(length, '\0');
+  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, message.data(), length, deadline, stop_fd));
+  if (code != StatusCode::kOk) return Status(code, message);
+  return endpoint;
+}
+
+Status query_buffer(int fd, uint64_t id, const Token& token, uint64_t region_size,
+                    Deadline deadline, int stop_fd) {
+  std::vector<uint8_t> out;
+  WireWriter w(out);
+  w.put<uint8_t>(kQueryBuffer);
+  for (int i = 0; i < 7; ++i)
+    w.put<uint8_t>(0);
+  w.put<uint64_t>(id);
+  w.bytes(token.data(), token.size());
+  w.put<uint64_t>(region_size);
+  RDMABUF_RETURN_IF_ERROR(send_all(fd, out, deadline, stop_fd));
+  uint8_t in[16];
+  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, deadline, stop_fd));
+  WireReader r(in);
+  auto code = static_cast<StatusCode>(r.get<uint8_t>());
+  r.view(7);
+  if (r.get<uint64_t>() != id || code > StatusCode::kInternal) {
+    return ProtocolError("malformed answer about a buffer");
+  }
+  return Status(code, "");
+}
+
+Result<BufferQuery> read_query(int fd, int stop_fd) {
+  uint8_t in[40];
+  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, Deadline::max(), stop_fd));
+  WireReader r(in);
+  if (r.get<uint8_t>() != kQueryBuffer) return ProtocolError("unknown ibverbs control request");
+  r.view(7);
+  BufferQuery q;
+  q.id = r.get<uint64_t>();
+  r.bytes(q.token.data(), q.token.size());
+  q.region_size = r.get<uint64_t>();
+  return q;
+}
+
+Status send_answer(int fd, uint64_t id, StatusCode code, int stop_fd) {
+  std::vector<uint8_t> out;
+  WireWriter w(out);
+  w.put<uint8_t>(static_cast<uint8_t>(code));
+  for (int i = 0; i < 7; ++i)
+    w.put<uint8_t>(0);
+  w.put<uint64_t>(id);
+  return send_all(fd, out, Clock::now() + std::chrono::seconds(10), stop_fd);
+}
+
+}  // namespace rdmabuf::ibverbs

@@ -1,0 +1,52 @@
+// The ibverbs backend's control channel (after the hello, see
+// common/hello.h): the reader asks the owner for a queue pair on one of its
+// devices, and later may ask whether a buffer is still registered. The
+// owner keeps its side of the pair while this connection stays open.
+//
+//   connect  (reader):  "RBIV" | u16 version | u16 0 | char[64] owner device | endpoint
+//   accepted (owner):   u8 status | u8[7] 0 | endpoint | u32 message length | message
+//   query    (reader):  u8 1 | u8[7] 0 | u64 buffer id | u8[16] token | u64 region size
+//   answer   (owner):   u8 status | u8[7] 0 | u64 buffer id
+//   endpoint (32 B):    u32 qpn | u32 psn | u8[16] gid | u16 lid | u8 mtu | u8 0 | u32 0
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "backends/ibverbs/queue_pair.h"
+#include "rdmabuf/buffer.h"
+#include "rdmabuf/transfer.h"
+
+namespace rdmabuf::ibverbs {
+
+constexpr size_t kDeviceNameBytes = 64;
+
+// Reader side.
+Status send_connect(int fd, const std::string& owner_device, const Endpoint& mine,
+                    Deadline deadline, int stop_fd);
+Result<Endpoint> read_accepted(int fd, Deadline deadline, int stop_fd);
+// What the owner says of buffer `id` with `token` and `region_size`: OK,
+// kNotFound, kPermissionDenied (token) or kInvalidArgument (size).
+Status query_buffer(int fd, uint64_t id, const Token& token, uint64_t region_size,
+                    Deadline deadline, int stop_fd);
+
+// Owner side.
+struct ConnectRequest {
+  std::string device;
+  Endpoint endpoint;
+};
+Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd);
+Status send_accepted(int fd, const Status& status, const Endpoint& mine, Deadline deadline,
+                     int stop_fd);
+struct BufferQuery {
+  uint64_t id = 0;
+  Token token{};
+  uint64_t region_size = 0;
+};
+// Waits (without a deadline) for the next query; kUnavailable when the
+// reader closed the connection.
+Result<BufferQuery> read_query(int fd, int stop_fd);
+Status send_answer(int fd, uint64_t id, StatusCode code, int stop_fd);
+
+}  // namespace rdmabuf::ibverbs

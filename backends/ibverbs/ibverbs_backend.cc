@@ -1,0 +1,289 @@
+#include "backends/ibverbs/ibverbs_backend.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "backends/ibverbs/connection.h"
+#include "backends/ibverbs/device.h"
+#include "backends/ibverbs/handshake.h"
+#include "common/hello.h"
+#include "common/log.h"
+#include "common/op_text.h"
+#include "common/strings.h"
+#include "common/wire.h"
+
+namespace rdmabuf::ibverbs {
+namespace {
+
+constexpr uint8_t kContextVersion = 1;
+// Connections are pruned (idle ones forgotten) when this many are known.
+constexpr size_t kPruneAt = 64;
+// How long a reader may take to ask for a queue pair.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+// The owner's side of a pair never posts: a shallow queue is enough.
+constexpr uint32_t kResponderDepth = 16;
+
+// What a handle says of a buffer registered over ibverbs.
+struct Context {
+  std::string device;
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+};
+
+std::vector<uint8_t> encode(const Context& c) {
+  std::vector<uint8_t> out;
+  WireWriter w(out);
+  w.put<uint8_t>(kContextVersion);
+  w.put<uint8_t>(0);
+  w.put<uint16_t>(0);
+  w.put<uint32_t>(c.rkey);
+  w.put<uint64_t>(c.addr);
+  w.short_string(c.device);
+  return out;
+}
+
+Result<Context> decode(const BackendContext* ctx) {
+  if (!ctx) return FailedPrecondition("the owner does not offer it");
+  WireReader r(ctx->data);
+  Context c;
+  uint8_t version = r.get<uint8_t>();
+  r.get<uint8_t>();
+  r.get<uint16_t>();
+  c.rkey = r.get<uint32_t>();
+  c.addr = r.get<uint64_t>();
+  c.device = r.short_string();
+  if (!r.ok() || r.remaining() != 0 || version != kContextVersion || c.device.empty() ||
+      c.device.size() >= kDeviceNameBytes) {
+    return InvalidArgument("malformed ibverbs context in the handle");
+  }
+  return c;
+}
+
+class IbverbsBackend final : public Backend {
+ public:
+  IbverbsBackend(const BackendEnv& env, std::unique_ptr<Device> device, Fd stop_fd)
+      : env_(env),
+        device_(std::move(device)),
+        registrations_(*device_),
+        stop_fd_(std::move(stop_fd)) {}
+  ~IbverbsBackend() override { shutdown(); }
+
+  std::string_view name() const override { return "ibverbs"; }
+  TransportLevel level() const override { return TransportLevel::kNic; }
+
+  BackendInfo info() const override {
+    BackendInfo info{"ibverbs", TransportLevel::kNic, true, "", {}};
+    info.details.emplace_back("using", device_->describe());
+    for (const std::string& line : list_devices(device_->lib())) {
+      info.details.emplace_back("device", line);
+    }
+    info.details.emplace_back("max message", format_bytes(env_.config.ib_max_message));
+    return info;
+  }
+
+  // --- owner side ---------------------------------------------------------
+
+  Result<BackendContext> register_memory(uint64_t id, const LocalMemory& memory,
+                                         const Token&) override {
+    // The same range registered twice shares one registration.
+    const RangeKey range{reinterpret_cast<uintptr_t>(memory.data()), memory.size()};
+    std::lock_guard lock(owned_mu_);
+    auto it = ranges_.find(range);
+    if (it == ranges_.end()) {
+      RDMABUF_ASSIGN_OR_RETURN(auto region,
+                               register_range(*device_, memory.data(), memory.size(),
+                                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+                                                  IBV_ACCESS_REMOTE_WRITE));
+      it = ranges_.emplace(range, Shared{std::move(region), 0}).first;
+    }
+    it->second.users++;
+    ids_[id] = range;
+    Context c{device_->name(), range.first, it->second.region->rkey()};
+    return BackendContext{"ibverbs", encode(c)};
+  }
+
+  void unregister_memory(uint64_t id) override {
+    std::lock_guard lock(owned_mu_);
+    auto it = ids_.find(id);
+    if (it == ids_.end()) return;
+    auto range = ranges_.find(it->second);
+    ids_.erase(it);
+    // Deregistering makes the NIC refuse every later access with the key.
+    if (range != ranges_.end() && --range->second.users == 0) ranges_.erase(range);
+  }
+
+  // --- reader side --------------------------------------------------------
+
+  Status can_reach(const RemoteBuffer& remote) const override {
+    RDMABUF_ASSIGN_OR_RETURN(Context c, decode(remote.context("ibverbs")));
+    std::lock_guard lock(connections_mu_);
+    auto it = connections_.find(key_of(remote, c));
+    // A recent handshake failure sends ops elsewhere (tcp) until its backoff ends.
+    return it == connections_.end() ? Status::Ok() : it->second->health();
+  }
+
+  void submit(const std::shared_ptr<TransferState>& transfer,
+              std::span<const uint32_t> indices) override {
+    const uint64_t max = env_.config.ib_max_message;
+    std::map<Connection*, std::vector<Chunk>> batches;
+    std::vector<std::shared_ptr<Connection>> used;
+    for (uint32_t i : indices) {
+      const Op& op = transfer->op(i);
+      auto c = decode(op.remote.context("ibverbs"));
+      if (!c.ok()) {
+        transfer->fail_op(i, c.status().with_context(describe_op(op)));
+        continue;
+      }
+      auto connection = connection_for(op.remote, *c);
+      if (!connection.ok()) {
+        transfer->fail_op(i, connection.status().with_context(describe_op(op)));
+        continue;
+      }
+      std::vector<Chunk>& batch = batches[connection->get()];
+      if (batch.empty()) used.push_back(*connection);
+      const uint64_t bytes = op.bytes();
+      const uint64_t parts = (bytes + max - 1) / max;
+      if (parts > 1) transfer->expect_parts(i, static_cast<uint32_t>(parts));
+      for (uint64_t p = 0; p < parts; ++p) {
+        Chunk chunk;
+        chunk.transfer = transfer;
+        chunk.op = i;
+        chunk.kind = op.kind;
+        chunk.local = op.local.data() + p * max;
+        chunk.remote_addr = c->addr + op.remote.offset() + p * max;
+        chunk.rkey = c->rkey;
+        chunk.length = static_cast<uint32_t>(std::min(max, bytes - p * max));
+        batch.push_back(std::move(chunk));
+      }
+    }
+    for (auto& [connection, chunks] : batches)
+      connection->enqueue(chunks);
+  }
+
+  // --- the owner's side of queue pairs ------------------------------------
+
+  bool claims_channel(uint8_t channel) const override {
+    return channel == static_cast<uint8_t>(Channel::kIbverbs);
+  }
+
+  // Creates the owner's side of a reader's queue pair and keeps it while
+  // the reader keeps this connection; answers the reader's questions about
+  // buffers meanwhile.
+  void serve_connection(int raw_fd, uint64_t) override {
+    Fd fd(raw_fd);
+    const Deadline deadline = Clock::now() + kHandshakeTimeout;
+    auto request = read_connect(fd.get(), deadline, stop_fd_.get());
+    if (!request.ok()) {
+      RDMABUF_LOG_DEBUG("ibverbs: dropping a handshake: " + request.status().message());
+      return;
+    }
+    Status refused;
+    std::unique_ptr<QueuePair> qp;
+    if (request->device != device_->name()) {
+      refused = FailedPrecondition("this owner has no RDMA device '" + request->device +
+                                   "' (it uses " + device_->name() + ")");
+    } else {
+      auto created = QueuePair::create(*device_, kResponderDepth);
+      if (created.ok()) {
+        qp = std::move(created).value();
+        refused = qp->connect(request->endpoint);
+      } else {
+        refused = created.status();
+      }
+    }
+    Endpoint mine = qp ? qp->local() : Endpoint{};
+    if (!send_accepted(fd.get(), refused, mine, deadline, stop_fd_.get()).ok() || !refused.ok()) {
+      return;
+    }
+    while (!stopping_.load()) {
+      auto query = read_query(fd.get(), stop_fd_.get());
+      if (!query.ok()) break;  // the reader is done with the pair (or we stop)
+      StatusCode answer = StatusCode::kOk;
+      auto pinned = env_.resolver->pin(query->id, query->token, nullptr);
+      if (!pinned.ok()) {
+        answer = pinned.status().code();
+      } else if (pinned->size() != query->region_size) {
+        answer = StatusCode::kInvalidArgument;
+      }
+      if (!send_answer(fd.get(), query->id, answer, stop_fd_.get()).ok()) break;
+    }
+    // `qp` goes here: the reader's next work request on it fails.
+  }
+
+  void shutdown() override {
+    stopping_.store(true);
+    signal_eventfd(stop_fd_.get());
+    std::lock_guard lock(connections_mu_);
+    for (auto& [key, connection] : connections_)
+      connection->stop();
+  }
+
+ private:
+  using RangeKey = std::pair<uintptr_t, size_t>;
+  struct Shared {
+    std::shared_ptr<MemoryRegion> region;
+    int users = 0;
+  };
+  // A queue pair per (owner manager, owner address, owner device); this
+  // backend uses one local device.
+  using ConnectionKey = std::tuple<uint64_t, std::string, std::string>;
+
+  static ConnectionKey key_of(const RemoteBuffer& remote, const Context& c) {
+    return {remote.owner().manager_id, remote.owner().address, c.device};
+  }
+
+  Result<std::shared_ptr<Connection>> connection_for(const RemoteBuffer& remote, const Context& c) {
+    std::lock_guard lock(connections_mu_);
+    if (stopping_.load()) return Cancelled("the manager is shutting down");
+    ConnectionKey key = key_of(remote, c);
+    auto it = connections_.find(key);
+    if (it != connections_.end()) return it->second;
+    if (connections_.size() >= kPruneAt) {
+      for (auto p = connections_.begin(); p != connections_.end();) {
+        bool unused = p->second.use_count() == 1 && p->second->idle();
+        p = unused ? connections_.erase(p) : std::next(p);
+      }
+    }
+    RDMABUF_ASSIGN_OR_RETURN(HostPort address, parse_host_port(remote.owner().address));
+    ConnectionContext context;
+    context.device = device_.get();
+    context.registrations = &registrations_;
+    context.owner_address = std::move(address);
+    context.owner_id = remote.owner().manager_id;
+    context.owner_device = c.device;
+    context.self_id = env_.self.manager_id;
+    context.busy_poll = env_.config.busy_poll;
+    context.stopping = &stopping_;
+    context.stop_fd = stop_fd_.get();
+    auto connection = std::make_shared<Connection>(std::move(context));
+    connections_.emplace(std::move(key), connection);
+    return connection;
+  }
+
+  BackendEnv env_;
+  std::unique_ptr<Device> device_;
+  LocalRegistrations registrations_;
+  Fd stop_fd_;
+  std::atomic<bool> stopping_{false};
+
+  std::mutex owned_mu_;
+  std::map<RangeKey, Shared> ranges_;
+  std::map<uint64_t, RangeKey> ids_;
+
+  mutable std::mutex connections_mu_;
+  std::map<ConnectionKey, std::shared_ptr<Connection>> connections_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_ibverbs_backend(const BackendEnv& env) {
+  RDMABUF_ASSIGN_OR_RETURN(const IbvLib* lib, IbvLib::get());
+  RDMABUF_ASSIGN_OR_RETURN(auto device,
+                           Device::open(*lib, env.config.ib_device, env.config.ib_gid_index));
+  RDMABUF_ASSIGN_OR_RETURN(Fd stop_fd, make_eventfd());
+  return std::unique_ptr<Backend>(new IbverbsBackend(env, std::move(device), std::move(stop_fd)));
+}
+
+}  // namespace rdmabuf::ibverbs

@@ -1,0 +1,120 @@
+#include "backends/ibverbs/queue_pair.h"
+
+#include <algorithm>
+#include <cerrno>
+
+#include "common/host.h"
+#include "common/socket.h"
+
+namespace rdmabuf::ibverbs {
+namespace {
+
+// Transport retry settings (as common practice and Monarch use): a lost peer
+// is reported after about 4 s of retries.
+constexpr uint8_t kTimeout = 14;  // 4.096 us * 2^14 = 67 ms per try
+constexpr uint8_t kRetryCount = 7;
+constexpr uint8_t kRnrRetry = 7;
+constexpr uint8_t kMinRnrTimer = 12;
+constexpr uint8_t kMaxRdAtomic = 16;
+
+Status modify(const IbvLib& lib, ibv_qp* qp, ibv_qp_attr& attr, int mask, const char* state) {
+  int rc = lib.modify_qp(qp, &attr, mask);
+  if (rc != 0) {
+    return Unavailable(std::string("cannot move the queue pair to ") + state + ": " +
+                       errno_text(rc > 0 ? rc : errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, uint32_t depth) {
+  const IbvLib& lib = device.lib();
+  std::unique_ptr<QueuePair> qp(new QueuePair(device));
+  qp->depth_ = std::min<uint32_t>(depth, static_cast<uint32_t>(device.attr().max_qp_wr));
+  qp->rd_atomic_ = static_cast<uint8_t>(
+      std::clamp(device.attr().max_qp_rd_atom, 1, static_cast<int>(kMaxRdAtomic)));
+  qp->cq_ = lib.create_cq(device.context(), static_cast<int>(qp->depth_ + 1), nullptr, nullptr, 0);
+  if (!qp->cq_) return ResourceExhausted("cannot create a completion queue: " + errno_text(errno));
+  ibv_qp_init_attr init{};
+  init.send_cq = qp->cq_;
+  init.recv_cq = qp->cq_;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = qp->depth_;
+  init.cap.max_recv_wr = 1;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  init.sq_sig_all = 0;
+  qp->qp_ = lib.create_qp(device.pd(), &init);
+  if (!qp->qp_) return ResourceExhausted("cannot create a queue pair: " + errno_text(errno));
+  qp->psn_ = static_cast<uint32_t>(secure_random_u64() & 0xffffff);
+
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.pkey_index = 0;
+  attr.port_num = device.port();
+  attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+  RDMABUF_RETURN_IF_ERROR(
+      modify(lib, qp->qp_, attr,
+             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT"));
+  return qp;
+}
+
+QueuePair::~QueuePair() {
+  const IbvLib& lib = device_.lib();
+  if (qp_) lib.destroy_qp(qp_);
+  if (cq_) lib.destroy_cq(cq_);
+}
+
+Endpoint QueuePair::local() const {
+  Endpoint e;
+  e.qpn = qp_->qp_num;
+  e.psn = psn_;
+  e.gid = device_.gid();
+  e.lid = device_.lid();
+  e.mtu = static_cast<uint8_t>(device_.mtu());
+  return e;
+}
+
+Status QueuePair::connect(const Endpoint& remote) {
+  const IbvLib& lib = device_.lib();
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_RTR;
+  attr.path_mtu = static_cast<ibv_mtu>(std::min<uint8_t>(remote.mtu, device_.mtu()));
+  attr.dest_qp_num = remote.qpn;
+  attr.rq_psn = remote.psn;
+  attr.max_dest_rd_atomic = rd_atomic_;
+  attr.min_rnr_timer = kMinRnrTimer;
+  attr.ah_attr.port_num = device_.port();
+  attr.ah_attr.dlid = remote.lid;
+  if (device_.is_roce()) {
+    attr.ah_attr.is_global = 1;
+    attr.ah_attr.grh.dgid = remote.gid;
+    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(device_.gid_index());
+    attr.ah_attr.grh.hop_limit = 64;
+  }
+  RDMABUF_RETURN_IF_ERROR(modify(lib, qp_, attr,
+                                 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                     IBV_QP_MIN_RNR_TIMER,
+                                 "RTR"));
+  attr = {};
+  attr.qp_state = IBV_QPS_RTS;
+  attr.timeout = kTimeout;
+  attr.retry_cnt = kRetryCount;
+  attr.rnr_retry = kRnrRetry;
+  attr.sq_psn = psn_;
+  attr.max_rd_atomic = rd_atomic_;
+  return modify(lib, qp_, attr,
+                IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
+                "RTS");
+}
+
+Status QueuePair::to_error() {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  return modify(device_.lib(), qp_, attr, IBV_QP_STATE, "ERR");
+}
+
+}  // namespace rdmabuf::ibverbs

@@ -1,0 +1,50 @@
+// An RC queue pair with its own completion queue, and its state changes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backends/ibverbs/device.h"
+
+namespace rdmabuf::ibverbs {
+
+// What one side tells the other to connect a pair.
+struct Endpoint {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;  // 24 bits
+  ibv_gid gid{};
+  uint16_t lid = 0;
+  uint8_t mtu = 0;  // ibv_mtu
+};
+
+class QueuePair {
+ public:
+  // A completion queue of `depth` entries and a queue pair in INIT, allowing
+  // remote reads and writes into memory registered for it.
+  static Result<std::unique_ptr<QueuePair>> create(const Device& device, uint32_t depth);
+  ~QueuePair();  // the queue pair first, then its completion queue
+  QueuePair(const QueuePair&) = delete;
+  QueuePair& operator=(const QueuePair&) = delete;
+
+  Endpoint local() const;
+  // INIT -> RTR -> RTS towards `remote`.
+  Status connect(const Endpoint& remote);
+  // Any state -> ERR: every posted work request completes (flushed).
+  Status to_error();
+
+  ibv_qp* qp() const { return qp_; }
+  ibv_cq* cq() const { return cq_; }
+  uint32_t depth() const { return depth_; }
+
+ private:
+  QueuePair(const Device& device) : device_(device) {}
+
+  const Device& device_;
+  ibv_cq* cq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  uint32_t depth_ = 0;
+  uint32_t psn_ = 0;
+  uint8_t rd_atomic_ = 1;
+};
+
+}  // namespace rdmabuf::ibverbs
