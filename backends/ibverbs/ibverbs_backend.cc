@@ -80,6 +80,8 @@ class IbverbsBackend final : public Backend {
       info.details.emplace_back("device", line);
     }
     info.details.emplace_back("max message", format_bytes(env_.config.ib_max_message));
+    info.details.emplace_back("owner-side queue pairs", std::to_string(responders_.load()));
+    info.details.emplace_back("handshakes served", std::to_string(handshakes_.load()));
     return info;
   }
 
@@ -197,6 +199,12 @@ class IbverbsBackend final : public Backend {
     if (!send_accepted(fd.get(), refused, mine, deadline, stop_fd_.get()).ok() || !refused.ok()) {
       return;
     }
+    handshakes_++;
+    responders_++;
+    struct Gone {
+      std::atomic<int>& count;
+      ~Gone() { count--; }
+    } gone{responders_};
     while (!stopping_.load()) {
       auto query = read_query(fd.get(), stop_fd_.get());
       if (!query.ok()) break;  // the reader is done with the pair (or we stop)
@@ -267,6 +275,9 @@ class IbverbsBackend final : public Backend {
   LocalRegistrations registrations_;
   Fd stop_fd_;
   std::atomic<bool> stopping_{false};
+  // Owner side: queue pairs held for readers now, and handshakes ever served.
+  std::atomic<int> responders_{0};
+  std::atomic<uint64_t> handshakes_{0};
 
   std::mutex owned_mu_;
   std::map<RangeKey, Shared> ranges_;
