@@ -59,6 +59,7 @@ struct Sample {
   std::string kind;  // "setup", "latency", "rate", "bandwidth", "single"
   std::string peer;  // e.g. "iperf3 -P 2", "memcpy", "ucx posix ucp_get"
   double peer_gbps = 0;
+  double peer_p50_us = 0;  // for latency rows: the peer's median round trip
 };
 
 // A one-off setup cost (first connection, registration).
@@ -158,7 +159,9 @@ class Bench {
     for (uint64_t j = 0; j < batch; ++j) {
       uint64_t offset = (j * stride) % (remote_.size() - size + 1);
       RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer r, remote_.slice(offset, size));
-      LocalMemory l(local_.data() + offset, size, nullptr);
+      // A slice shares the buffer's keepalive, as a user's should: backends
+      // that register memory with a NIC cache the registration by it.
+      RDMABUF_ASSIGN_OR_RETURN(LocalMemory l, local_.slice(offset, size));
       ops.push_back(Op{kind, std::move(r), std::move(l)});
     }
     auto start = Clock::now();
@@ -259,6 +262,11 @@ std::string json_line(const std::string& backend, int streams, const Sample& s) 
                   s.peer.c_str(), s.peer_gbps, s.gbps / s.peer_gbps);
     line += buf;
   }
+  if (s.peer_p50_us > 0) {  // a latency: the ratio is rdmabuf's over the peer's
+    std::snprintf(buf, sizeof buf, ",\"peer\":\"%s\",\"peer_p50_us\":%.2f,\"latency_ratio\":%.3f",
+                  s.peer.c_str(), s.peer_p50_us, s.p50_us / s.peer_p50_us);
+    line += buf;
+  }
   return line + "}";
 }
 
@@ -332,6 +340,20 @@ int cmd_bench(int argc, char** argv) {
   const bool run_iperf = local_peer && backend == "tcp" && on_path("iperf3");
   const bool run_memcpy = local_peer && backend == "memory";
   const bool run_ucx = local_peer && backend == "memory" && on_path("ucx_perftest");
+  // perftest beside ibverbs, on the device and GID the backend uses.
+  std::string ib_device;
+  int ib_gid = 0;
+  for (const BackendInfo& b : manager.backends()) {
+    for (const auto& [key, value] : b.details) {
+      if (b.name != "ibverbs" || key != "using") continue;
+      ib_device = value.substr(0, value.find(' '));  // "rxe0 port 1 (...), GID[1] ..."
+      size_t g = value.find("GID[");
+      if (g != std::string::npos) ib_gid = std::atoi(value.c_str() + g + 4);
+    }
+  }
+  const bool perftest_peer = local_peer && backend == "ibverbs" && !ib_device.empty() &&
+                            on_path("ib_read_bw") && on_path("ib_write_bw") &&
+                            on_path("ib_read_lat");
 
   // Setup costs, apart from transfer figures.
   std::vector<Sample> setup;
@@ -403,6 +425,16 @@ int cmd_bench(int argc, char** argv) {
       progress.step(std::string("latency: ") + op_kind_name(kind) + " " + format_bytes(size));
       st = record(bench.latency(kind, size, latency_samples));
       if (!st.ok()) return fail(st);
+      if (perftest_peer && kind == OpKind::kReadIntoLocal && size == 8) {
+        auto lat = run_perftest("ib_read_lat", ib_device, ib_gid, size, latency_samples);
+        if (lat.ok()) {
+          results.back().peer = "perftest ib_read_lat";
+          results.back().peer_p50_us = *lat;
+        } else {
+          std::fprintf(stderr, "\nrdmabuf bench: ib_read_lat failed: %s\n",
+                       lat.status().to_string().c_str());
+        }
+      }
     }
   }
   for (OpKind kind : {OpKind::kReadIntoLocal, OpKind::kWriteFromLocal}) {
@@ -419,10 +451,23 @@ int cmd_bench(int argc, char** argv) {
                     format_bytes(o.sizes[i]));
       st = record(bench.bandwidth(kind, o.sizes[i], o.window, o.iters));
       if (!st.ok()) return fail(st);
+      Sample& s = results.back();
       if (run_memcpy) {
-        Sample& s = results.back();
         s.peer = "memcpy";
         s.peer_gbps = measure_memcpy(s.size, s.batch, o.iters);
+      }
+      if (perftest_peer) {
+        const char* test = kind == OpKind::kReadIntoLocal ? "ib_read_bw" : "ib_write_bw";
+        const int iterations =
+            static_cast<int>(std::clamp<uint64_t>((16u << 20) / s.size, 20, 1000));
+        auto bw = run_perftest(test, ib_device, ib_gid, s.size, iterations);
+        if (bw.ok()) {
+          s.peer = std::string("perftest ") + test;
+          s.peer_gbps = *bw;
+        } else {
+          std::fprintf(stderr, "\nrdmabuf bench: %s failed: %s\n", test,
+                       bw.status().to_string().c_str());
+        }
       }
     }
   }
@@ -496,6 +541,10 @@ int cmd_bench(int argc, char** argv) {
     if (s.peer_gbps > 0) {
       std::printf("  %-20s %9.3f %6.2f", s.peer.c_str(), s.peer_gbps, s.gbps / s.peer_gbps);
     }
+    if (s.peer_p50_us > 0) {  // latency: rdmabuf's p50 over the peer's (lower is better)
+      std::printf("  %-20s %6.1f us x%.2f", s.peer.c_str(), s.peer_p50_us,
+                  s.p50_us / s.peer_p50_us);
+    }
     std::printf("\n");
   }
   if (!iperf.empty()) {
@@ -506,6 +555,11 @@ int cmd_bench(int argc, char** argv) {
   }
   if (run_memcpy) {
     std::printf("\nmemcpy: the same bytes in the same layout, copied in this process.\n");
+  }
+  if (perftest_peer) {
+    std::printf(
+        "\nperftest: the same sizes on the same device and GID, its default queue "
+        "depth; latency\nrows compare medians (x = rdmabuf over perftest).\n");
   }
   if (local_peer && backend == "memory" && !run_ucx) {
     std::printf("(ucx_perftest not found: install ucx-utils to see UCX over shared memory)\n");

@@ -93,6 +93,53 @@ Result<double> run_ucx_perftest(const std::string& test, uint64_t size, int iter
   return Unavailable("ucx_perftest did not run");
 }
 
+Result<double> run_perftest(const std::string& test, const std::string& device, int gid_index,
+                            uint64_t size, int iterations) {
+  RDMABUF_ASSIGN_OR_RETURN(std::string port, free_port());
+  std::vector<std::string> args = {test,
+                                   "-d",
+                                   device,
+                                   "-x",
+                                   std::to_string(gid_index),
+                                   "-s",
+                                   std::to_string(size),
+                                   "-n",
+                                   std::to_string(iterations),
+                                   "-p",
+                                   port};
+  const bool latency = test.find("_lat") != std::string::npos;
+  if (!latency) args.push_back("--report_gbits");  // Gb/s, 1e9 bits: no MiB ambiguity
+  Child::Options server_options;
+  server_options.capture_stdout = false;
+  server_options.quiet_stderr = true;
+  RDMABUF_ASSIGN_OR_RETURN(Child server, Child::spawn(args, server_options));
+  args.push_back("127.0.0.1");
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    Child::Options client_options;
+    client_options.quiet_stderr = true;
+    RDMABUF_ASSIGN_OR_RETURN(Child client, Child::spawn(args, client_options));
+    auto out = client.read_all(std::chrono::seconds(300));
+    int rc = client.wait();
+    if (rc == 0 && out.ok()) {
+      // The figures follow the header line that starts with " #bytes".
+      size_t at = out->find("#bytes");
+      if (at != std::string::npos) at = out->find('\n', at);
+      if (at == std::string::npos) return Internal("cannot parse " + test + "'s output");
+      std::istringstream fields(out->substr(at + 1));
+      double v[5] = {};
+      for (double& x : v)
+        fields >> x;
+      server.terminate();
+      if (!fields) return Internal("cannot parse " + test + "'s output");
+      // bw: bytes, iterations, peak, average (Gb/s), msg rate.
+      // lat: bytes, iterations, min, max, typical (us), ...
+      return latency ? v[4] : v[3] / 8;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // server not up yet
+  }
+  return Unavailable(test + " did not run");
+}
+
 double measure_memcpy(uint64_t size, uint64_t batch, int reps) {
   const size_t bytes = size * batch;
   auto map = [bytes] {
