@@ -21,6 +21,12 @@ enum class MemoryKind : uint8_t {
 // flight), so memory owned by a keepalive can never be freed under a
 // transfer. Memory without a keepalive must outlive those uses; the contract
 // of Transfer says when the library has stopped touching it.
+//
+// The keepalive also identifies the memory: backends that register memory
+// with a NIC (ibverbs) reuse one registration for every op on memory with
+// the same keepalive, while it lives. Memory without one is registered for
+// each op and deregistered after it (the library cannot tell when such
+// memory is freed and its addresses reused), which is slow for small ops.
 class LocalMemory {
  public:
   LocalMemory() = default;
