@@ -70,4 +70,60 @@ Result<RemoteBuffer> with_id(const RemoteBuffer& handle, uint64_t id) {
   return RemoteBuffer::from_bytes(bytes);
 }
 
+Result<RemoteBuffer> with_context_data(const RemoteBuffer& handle, std::string_view backend,
+                                       const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> bytes = handle.to_bytes();
+  size_t at = handle_layout::kAddress;
+  at += 1 + bytes.at(at);  // address
+  at += 1 + bytes.at(at);  // host id
+  const size_t count = bytes.at(at++);
+  for (size_t i = 0; i < count; ++i) {
+    const size_t name_len = bytes.at(at);
+    const std::string_view name(reinterpret_cast<const char*>(bytes.data() + at + 1), name_len);
+    at += 1 + name_len;
+    const size_t data_len = peek<uint16_t>(bytes, at);
+    if (name != backend) {
+      at += 2 + data_len;
+      continue;
+    }
+    std::vector<uint8_t> out(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(at));
+    const auto new_len = static_cast<uint16_t>(data.size());
+    out.push_back(static_cast<uint8_t>(new_len & 0xff));
+    out.push_back(static_cast<uint8_t>(new_len >> 8));
+    out.insert(out.end(), data.begin(), data.end());
+    out.insert(out.end(), bytes.begin() + static_cast<ptrdiff_t>(at + 2 + data_len), bytes.end());
+    reseal(out);
+    return RemoteBuffer::from_bytes(out);
+  }
+  return NotFound("the handle has no context for backend '" + std::string(backend) + "'");
+}
+
+std::optional<IbverbsContext> ibverbs_context(const RemoteBuffer& handle) {
+  const BackendContext* ctx = handle.context("ibverbs");
+  if (!ctx) return std::nullopt;
+  const std::vector<uint8_t>& d = ctx->data;
+  if (d.size() < 17 || d.size() != 17u + d[16]) return std::nullopt;
+  IbverbsContext c;
+  c.version = d[0];
+  c.rkey = peek<uint32_t>(d, 4);
+  c.addr = peek<uint64_t>(d, 8);
+  c.device.assign(reinterpret_cast<const char*>(d.data() + 17), d[16]);
+  return c;
+}
+
+std::vector<uint8_t> encode_ibverbs_context(const IbverbsContext& context) {
+  std::vector<uint8_t> out(17, 0);
+  out[0] = context.version;
+  poke(out, 4, context.rkey);
+  poke(out, 8, context.addr);
+  out[16] = static_cast<uint8_t>(context.device.size());
+  out.insert(out.end(), context.device.begin(), context.device.end());
+  return out;
+}
+
+Result<RemoteBuffer> with_ibverbs_context(const RemoteBuffer& handle,
+                                          const IbverbsContext& context) {
+  return with_context_data(handle, "ibverbs", encode_ibverbs_context(context));
+}
+
 }  // namespace rdmabuf::testing

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -62,5 +64,26 @@ Result<RemoteBuffer> with_manager_id(const RemoteBuffer& handle, uint64_t manage
 Result<RemoteBuffer> with_unknown_backends(const RemoteBuffer& handle);
 // `handle` naming another buffer id, resealed.
 Result<RemoteBuffer> with_id(const RemoteBuffer& handle, uint64_t id);
+// `handle` with the data of backend `backend`'s context replaced by `data`,
+// resealed. kNotFound when the handle has no such context.
+Result<RemoteBuffer> with_context_data(const RemoteBuffer& handle, std::string_view backend,
+                                       const std::vector<uint8_t>& data);
+
+// The ibverbs backend's context in a handle (backends/ibverbs/
+// ibverbs_backend.cc): u8 version (1), u8 0, u16 0, u32 rkey, u64 address of
+// the registered range in the owner, u8 length + device name.
+struct IbverbsContext {
+  uint8_t version = 1;
+  uint32_t rkey = 0;
+  uint64_t addr = 0;
+  std::string device;
+};
+// Decodes `handle`'s ibverbs context; nullopt when there is none or it does
+// not parse.
+std::optional<IbverbsContext> ibverbs_context(const RemoteBuffer& handle);
+std::vector<uint8_t> encode_ibverbs_context(const IbverbsContext& context);
+// `handle` with its ibverbs context replaced by `context`, resealed.
+Result<RemoteBuffer> with_ibverbs_context(const RemoteBuffer& handle,
+                                          const IbverbsContext& context);
 
 }  // namespace rdmabuf::testing

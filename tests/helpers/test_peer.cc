@@ -29,6 +29,19 @@
 //   fill I SEED                   -> ok   (the whole buffer, pattern index 0)
 //   register SIZE SEED            -> handle I TEXT
 //   count                         -> count N   (Manager::registered_count)
+//   alias I                       -> handle J TEXT   (registers buffer I's memory
+//                                    again, as a new buffer J sharing its bytes)
+//   detail BACKEND KEY            -> detail VALUE | error ...   (the detail KEY,
+//                                    which may hold spaces, of BACKEND in
+//                                    Manager::backends(), e.g.
+//                                    "detail ibverbs handshakes served")
+//   read TEXT                     -> crc XXXXXXXX BACKEND | error STATUS
+//                                    (reads the whole handle TEXT, minted by
+//                                    another process, into fresh memory with
+//                                    this peer's manager, timeout 30 s; the
+//                                    CRC-32C of the bytes and the backend used)
+//   write TEXT SEED               -> ok BACKEND | error STATUS   (writes pattern
+//                                    SEED, index 0, over the whole handle TEXT)
 //   exit                          -> bye, then shuts the manager down and exits 0
 //
 // With RDMABUF_TEST_NONDUMPABLE=1 in its environment it makes itself
@@ -145,6 +158,47 @@ std::string answer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, cons
     std::string error;
     if (!add_buffer(manager, buffers, length, seed, &error)) return "error " + error;
     return "handle " + std::to_string(buffers.size() - 1) + " " + buffers.back().handle.to_text();
+  }
+  if (cmd == "alias") {
+    if (!(in >> index) || index >= buffers.size()) return "error usage: alias I";
+    auto handle = manager.register_buffer(buffers[index].memory);
+    if (!handle.ok()) return "error " + handle.status().to_string();
+    buffers.push_back(Buffer{buffers[index].memory, *handle});
+    return "handle " + std::to_string(buffers.size() - 1) + " " + handle->to_text();
+  }
+  if (cmd == "detail") {
+    std::string backend, key;
+    if (!(in >> backend)) return "error usage: detail BACKEND KEY";
+    std::getline(in >> std::ws, key);
+    for (const rdmabuf::BackendInfo& info : manager.backends()) {
+      if (info.name != backend) continue;
+      for (const auto& [name, value] : info.details) {
+        if (name == key) return "detail " + value;
+      }
+      return "error backend " + backend + " has no detail '" + key + "'";
+    }
+    return "error no backend " + backend;
+  }
+  if (cmd == "read" || cmd == "write") {
+    std::string text;
+    if (!(in >> text)) return "error usage: " + cmd + " TEXT";
+    if (cmd == "write" && !(in >> seed)) return "error usage: write TEXT SEED";
+    auto handle = RemoteBuffer::from_text(text);
+    if (!handle.ok()) return "error " + handle.status().to_string();
+    auto local = LocalMemory::allocate(handle->size());
+    if (!local.ok()) return "error " + local.status().to_string();
+    if (cmd == "write") rdmabuf::testing::fill_pattern(local->span(), seed);
+    std::vector<rdmabuf::Op> ops;
+    ops.push_back(cmd == "read" ? rdmabuf::Op::read(*handle, *local)
+                                : rdmabuf::Op::write(*handle, *local));
+    rdmabuf::Transfer t = manager.submit(std::move(ops), std::chrono::seconds(30));
+    rdmabuf::Status st = t.wait();
+    if (!st.ok()) return "error " + st.to_string();
+    if (cmd == "write") return "ok " + std::string(t.op_backend(0));
+    char text_crc[32];
+    std::snprintf(text_crc, sizeof text_crc, "crc %08" PRIx32,
+                  rdmabuf::crc32c(local->data(), local->size()));
+    return text_crc + std::string(" ") + std::string(t.op_backend(0));
   }
   if (cmd == "fill") {
     if (!(in >> index >> seed) || index >= buffers.size()) return "error usage: fill I SEED";
