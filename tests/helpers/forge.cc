@@ -117,7 +117,8 @@ std::vector<uint8_t> encode_ibverbs_context(const IbverbsContext& context) {
   poke(out, 4, context.rkey);
   poke(out, 8, context.addr);
   out[16] = static_cast<uint8_t>(context.device.size());
-  out.insert(out.end(), context.device.begin(), context.device.end());
+  for (char ch : context.device)
+    out.push_back(static_cast<uint8_t>(ch));
   return out;
 }
 
