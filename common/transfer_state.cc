@@ -19,6 +19,7 @@ thread_local const TransferState* t_running_on_finish = nullptr;
 
 struct TransferState::OpState {
   std::atomic<uint32_t> parts_left{1};
+  std::atomic<bool> part_reported{false};
   // 0: no error recorded; 1: an error is being written; 2: `status` is final.
   std::atomic<uint8_t> status_state{0};
   Status status;
@@ -54,6 +55,7 @@ void TransferState::record_error(size_t index, const Status& status) {
 }
 
 void TransferState::complete_part(size_t index, const Status& status) {
+  states_[index].part_reported.store(true, std::memory_order_relaxed);
   if (!status.ok()) record_error(index, status);
   if (states_[index].parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_op();
 }
@@ -62,6 +64,12 @@ void TransferState::fail_op(size_t index, const Status& status) {
   record_error(index, status);
   states_[index].parts_left.store(0, std::memory_order_release);
   finish_op();
+}
+
+bool TransferState::no_part_reported(size_t index) const {
+  const OpState& s = states_[index];
+  return !s.part_reported.load(std::memory_order_relaxed) &&
+         s.status_state.load(std::memory_order_acquire) == 0;
 }
 
 void TransferState::finish_op() {

@@ -31,7 +31,7 @@ bool is_wildcard(const std::string& host) {
 
 }  // namespace
 
-class ManagerImpl {
+class ManagerImpl final : public OpRouter {
  public:
   static Result<std::unique_ptr<ManagerImpl>> create(const Config& config);
   ~ManagerImpl() { shutdown(); }
@@ -45,6 +45,8 @@ class ManagerImpl {
   Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
                   std::function<void()> on_done);
   void shutdown();
+  void reroute(const std::shared_ptr<TransferState>& transfer, std::span<const uint32_t> ops,
+               std::string_view from, const Status& why) override;
 
  private:
   struct Slot {
@@ -59,7 +61,11 @@ class ManagerImpl {
 
   explicit ManagerImpl(const Config& config) : config_(config) {}
   void serve_inbound(Fd fd);
-  Result<Route> choose_route(const Op& op);
+  // The best backend for `op` among slots [first_slot, end); `refused`
+  // (with `refused_by`) is a refusal by a better one, found after the op
+  // was handed to it.
+  Result<Route> choose_route(const Op& op, size_t first_slot = 0, std::string_view refused_by = {},
+                             const Status& refused = {});
   void log_note_once(const RemoteBuffer& remote, std::string_view backend, const std::string& note);
 
   Config config_;
@@ -113,7 +119,7 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::create(const Config& config) {
   m->identity_.host_id = this_host_id();
   m->identity_.pid = static_cast<uint32_t>(getpid());
 
-  BackendEnv env{config, m->identity_, &m->registry_};
+  BackendEnv env{config, m->identity_, &m->registry_, m.get()};
   for (const BackendFactory& f : backend_factories()) {
     Slot slot{&f, nullptr, ""};
     bool enabled = config.backends.empty();
@@ -273,14 +279,30 @@ Status validate_op(const Op& op, uint64_t chunk_size) {
 
 }  // namespace
 
-Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op) {
+Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op, size_t first_slot,
+                                                     std::string_view refused_by,
+                                                     const Status& refused) {
   const RemoteBuffer& remote = op.remote;
   std::string note;
+  // The first refusal that is news about the owner (gone, unreachable), not
+  // about this configuration: when nothing can carry the op, that is why.
+  Status owner_refusal;
   auto add_note = [&note](std::string_view name, const std::string& why) {
     if (!note.empty()) note += "; ";
     note.append(name).append(": ").append(why);
   };
-  for (size_t s = 0; s < slots_.size(); ++s) {
+  auto consider_refusal = [&owner_refusal](const Status& reach) {
+    const StatusCode code = reach.code();
+    if (owner_refusal.ok() && (code == StatusCode::kUnavailable || code == StatusCode::kNotFound ||
+                               code == StatusCode::kDeadlineExceeded)) {
+      owner_refusal = reach;
+    }
+  };
+  if (!refused.ok()) {
+    add_note(refused_by, refused.message());
+    consider_refusal(refused);
+  }
+  for (size_t s = first_slot; s < slots_.size(); ++s) {
     Slot& slot = slots_[s];
     const std::string_view name = slot.factory->name;
     if (!remote.context(name)) continue;  // the owner does not offer it
@@ -291,6 +313,7 @@ Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op) {
     Status reach = slot.backend->can_reach(remote);
     if (!reach.ok()) {
       add_note(name, reach.message());
+      consider_refusal(reach);
       continue;
     }
     if (slot.factory->level == TransportLevel::kTcp && !config_.allow_tcp_fallback) {
@@ -300,6 +323,11 @@ Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op) {
                                 (note.empty() ? "" : " [" + note + "]"));
     }
     return Route{s, note};
+  }
+  if (!owner_refusal.ok()) {
+    // E.g. a queue pair to an owner that restarted: NotFound, as over a
+    // transport that reached it, not "change the configuration".
+    return Status(owner_refusal.code(), describe_op(op) + ": " + note);
   }
   std::string offered;
   for (const BackendContext& ctx : remote.contexts()) {
@@ -381,6 +409,30 @@ Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds time
     if (!per_slot[s].empty()) slots_[s].backend->submit(state, per_slot[s]);
   }
   return Transfer(state);
+}
+
+void ManagerImpl::reroute(const std::shared_ptr<TransferState>& transfer,
+                          std::span<const uint32_t> ops, std::string_view from, const Status& why) {
+  size_t from_slot = 0;
+  while (from_slot < slots_.size() && slots_[from_slot].factory->name != from)
+    ++from_slot;
+  std::vector<std::vector<uint32_t>> per_slot(slots_.size());
+  for (uint32_t i : ops) {
+    const Op& op = transfer->op(i);
+    auto chosen = shut_down_.load() ? Result<Route>(Cancelled("the manager is shutting down"))
+                                    : choose_route(op, from_slot + 1, from, why);
+    if (!chosen.ok()) {
+      transfer->fail_op(i, chosen.status());
+      continue;
+    }
+    log_note_once(op.remote, slots_[chosen->slot].factory->name, chosen->note);
+    transfer->set_route(i, slots_[chosen->slot].factory->name, chosen->note);
+    transfer->expect_parts(i, 1);  // the new backend may cut it differently
+    per_slot[chosen->slot].push_back(i);
+  }
+  for (size_t s = slots_.size(); s-- > 0;) {
+    if (!per_slot[s].empty()) slots_[s].backend->submit(transfer, per_slot[s]);
+  }
 }
 
 void ManagerImpl::shutdown() {

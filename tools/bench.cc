@@ -352,8 +352,8 @@ int cmd_bench(int argc, char** argv) {
     }
   }
   const bool perftest_peer = local_peer && backend == "ibverbs" && !ib_device.empty() &&
-                            on_path("ib_read_bw") && on_path("ib_write_bw") &&
-                            on_path("ib_read_lat");
+                             on_path("ib_read_bw") && on_path("ib_write_bw") &&
+                             on_path("ib_read_lat");
 
   // Setup costs, apart from transfer figures.
   std::vector<Sample> setup;

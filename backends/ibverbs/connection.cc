@@ -1,6 +1,7 @@
 #include "backends/ibverbs/connection.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <algorithm>
@@ -27,6 +28,11 @@ constexpr auto kConnectBudget = std::chrono::seconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(5000);
 // How long a drain may take before the queue pair is destroyed instead.
 constexpr auto kDrainLimit = std::chrono::seconds(5);
+// How long the owner may leave a question about a buffer unanswered before
+// its queue pair is reset; and how long a failed request waits for the
+// owner's explanation.
+constexpr auto kAnswerLimit = std::chrono::seconds(10);
+constexpr auto kExplainLimit = std::chrono::seconds(2);
 
 void sleep_for(std::chrono::nanoseconds d) {
   timespec ts{0, static_cast<long>(d.count())};
@@ -117,7 +123,7 @@ void Connection::run() {
       }
       Status backing_off = health();
       if (!backing_off.ok()) {
-        fail_pending(backing_off);
+        hand_on_pending(backing_off);
         continue;
       }
       connect();
@@ -126,6 +132,8 @@ void Connection::run() {
     }
     progressed |= post();
     progressed |= poll();
+    if (qp_ && !asked_.empty()) progressed |= read_answers();
+    if (!parked_.empty()) progressed |= drop_cancelled_parked();
     progressed |= cancel_if_needed();
     if (progressed) {
       busy.activity();
@@ -144,10 +152,14 @@ void Connection::run() {
 }
 
 void Connection::sleep_idle() {
-  if (!posted_.empty()) {
-    // Completions are coming: back off, checking often enough that a
-    // cancellation is noticed within a millisecond.
-    sleep_for(std::chrono::microseconds(200));
+  if (!posted_.empty() || !parked_.empty() || !pending_.empty()) {
+    // Completions or answers are coming: back off, checking often enough
+    // that a cancellation is noticed within a millisecond. Watch the control
+    // connection meanwhile: an owner that dies closes it at once, while its
+    // NIC's silence shows only after the transport's retries.
+    pollfd fd{control_.get(), POLLIN, 0};
+    timespec brief{0, 200'000};
+    if (::ppoll(&fd, 1, &brief, nullptr) > 0) read_answers();
     return;
   }
   // Nothing in flight: sleep until new work, shutdown, or the owner closing
@@ -188,6 +200,10 @@ void Connection::connect() {
     return Status::Ok();
   };
   Status st = attempt();
+  if (!st.ok() && context_.stopping->load(std::memory_order_acquire)) {
+    fail_pending(Cancelled("the manager is shutting down"));
+    return;
+  }
   if (st.ok()) {
     std::lock_guard lock(health_mu_);
     failure_ = Status::Ok();
@@ -206,7 +222,30 @@ void Connection::connect() {
         std::min(backoff_ * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kMaxBackoff));
   }
   RDMABUF_LOG_INFO("ibverbs: " + failure.message());
-  fail_pending(failure);
+  hand_on_pending(failure);
+}
+
+void Connection::hand_on_pending(const Status& failure) {
+  // Whole ops only: every chunk of an op that has none reported is here
+  // (an op's chunks are enqueued together, and without a queue pair none
+  // is posted or parked).
+  std::vector<std::pair<std::shared_ptr<TransferState>, std::vector<uint32_t>>> handed;
+  for (Chunk& c : pending_) {
+    TransferState* t = c.transfer.get();
+    if (!context_.router || t->cancelled() || !t->no_part_reported(c.op)) {
+      complete(c, failure);
+      continue;
+    }
+    auto group = std::find_if(handed.begin(), handed.end(),
+                              [t](const auto& g) { return g.first.get() == t; });
+    if (group == handed.end()) group = handed.insert(handed.end(), {c.transfer, {}});
+    if (std::find(group->second.begin(), group->second.end(), c.op) == group->second.end())
+      group->second.push_back(c.op);
+    c.transfer.reset();  // given up: the next backend reports the op
+  }
+  pending_.clear();
+  for (auto& [transfer, ops] : handed)
+    context_.router->reroute(transfer, ops, "ibverbs", failure);
 }
 
 bool Connection::post() {
@@ -214,6 +253,7 @@ bool Connection::post() {
   ibv_sge sges[kPostBatch];
   int n = 0;
   bool progressed = false;
+  Status control_failure;  // the queue pair is reset once what was built is posted
   while (!pending_.empty() && posted_.size() < qp_->depth() && n < kPostBatch) {
     Chunk& c = pending_.front();
     TransferState* t = c.transfer.get();
@@ -223,9 +263,22 @@ bool Connection::post() {
       progressed = true;
       continue;
     }
-    Status valid = validate(t->op(c.op).remote);
-    if (!valid.ok()) {
-      complete(c, valid);
+    const RemoteBuffer& remote = t->op(c.op).remote;
+    if (const Status* answer = answer_about(remote); !answer) {
+      // Never posted before the owner confirms the handle.
+      const uint64_t id = remote.id();
+      Status asked = ask(remote);
+      parked_[id].push_back(std::move(c));
+      pending_.pop_front();
+      progressed = true;
+      if (!asked.ok()) {
+        control_failure = Unavailable("cannot ask the owner about buffer " + std::to_string(id) +
+                                      ": " + asked.message());
+        break;
+      }
+      continue;
+    } else if (!answer->ok()) {
+      complete(c, *answer);
       pending_.pop_front();
       progressed = true;
       continue;
@@ -261,7 +314,10 @@ bool Connection::post() {
     pending_.pop_front();
     ++n;
   }
-  if (n == 0) return progressed;
+  if (n == 0) {
+    if (!control_failure.ok()) reset(0, control_failure);
+    return progressed;
+  }
   wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;  // the last is always signalled
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(qp_->qp(), wrs, &bad);
@@ -276,7 +332,9 @@ bool Connection::post() {
       pending_.push_front(std::move(p.chunk));
     }
     reset(0, Unavailable("ibv_post_send: " + errno_text(rc > 0 ? rc : errno)));
+    return true;
   }
+  if (!control_failure.ok()) reset(0, control_failure);
   return true;
 }
 
@@ -289,6 +347,9 @@ bool Connection::poll() {
     return true;
   }
   for (int i = 0; i < n; ++i) {
+    completed_through_ = std::max(completed_through_, wc[i].wr_id);
+  }
+  for (int i = 0; i < n; ++i) {
     if (wc[i].status == IBV_WC_SUCCESS) {
       // In order: this and every earlier (unsignalled) request are done.
       while (!posted_.empty() && posted_.front().wr_id <= wc[i].wr_id) {
@@ -298,70 +359,150 @@ bool Connection::poll() {
       continue;
     }
     // The first error is the root cause; the queue pair is in error now and
-    // flushes everything after it. Those before it completed.
+    // flushes everything after it (those flushes may be in this very batch:
+    // completed_through_ has counted them). Those before it completed.
     while (!posted_.empty() && posted_.front().wr_id < wc[i].wr_id) {
       finish_posted(posted_.front(), Status::Ok());
       posted_.pop_front();
     }
-    Status cause = Unavailable(context_.device->lib().wc_status_str(wc[i].status));
-    if (!posted_.empty() && posted_.front().wr_id == wc[i].wr_id) {
-      cause = explain(wc[i], posted_.front().chunk);
-    }
-    RDMABUF_LOG_INFO("ibverbs: work request failed: " + cause.to_string());
-    reset(wc[i].wr_id, cause);
+    const bool ours = !posted_.empty() && posted_.front().wr_id == wc[i].wr_id;
+    reset(ours ? wc[i].wr_id : 0,
+          Unavailable(std::string("work request failed: ") +
+                      context_.device->lib().wc_status_str(wc[i].status)),
+          wc[i].status);
     return true;
   }
   return n > 0;
 }
 
-Status Connection::validate(const RemoteBuffer& remote) {
+const Status* Connection::answer_about(const RemoteBuffer& remote) const {
   auto it = validated_.find(remote.id());
-  if (it != validated_.end() && it->second.token == remote.token() &&
-      it->second.region_size == remote.region_size()) {
-    return it->second.answer;
+  if (it == validated_.end() || it->second.token != remote.token() ||
+      it->second.region_size != remote.region_size()) {
+    return nullptr;
   }
-  Status owner = query_buffer(control_.get(), remote.id(), remote.token(), remote.region_size(),
-                              Clock::now() + std::chrono::seconds(10), context_.stop_fd);
-  Status answer;
-  switch (owner.code()) {
-    case StatusCode::kOk:
-      break;
-    case StatusCode::kNotFound:
-      answer = NotFound("the owner does not have this buffer");
-      break;
-    case StatusCode::kPermissionDenied:
-      answer = PermissionDenied("the owner refused the handle's token");
-      break;
-    case StatusCode::kInvalidArgument:
-      answer = InvalidArgument("the handle's buffer size does not match the owner's");
-      break;
-    default:
-      // The control connection failed: not an answer about the buffer.
-      return Unavailable("cannot ask the owner about the buffer: " + owner.message());
-  }
-  validated_[remote.id()] = Validated{remote.token(), remote.region_size(), answer};
-  return answer;
+  return &it->second.answer;
 }
 
-Status Connection::explain(const ibv_wc& wc, const Chunk& chunk) {
-  const char* what = context_.device->lib().wc_status_str(wc.status);
-  switch (wc.status) {
+Status Connection::ask(const RemoteBuffer& remote) {
+  for (const Query& q : asked_) {
+    if (q.id == remote.id() && q.token == remote.token() && q.region_size == remote.region_size()) {
+      return Status::Ok();
+    }
+  }
+  // 40 bytes: the socket takes them at once unless the connection is dead.
+  RDMABUF_RETURN_IF_ERROR(send_query(control_.get(), remote.id(), remote.token(),
+                                     remote.region_size(), Clock::now() + kAnswerLimit,
+                                     context_.stop_fd));
+  asked_.push_back(
+      Query{next_query_++, remote.id(), remote.token(), remote.region_size(), Clock::now()});
+  return Status::Ok();
+}
+
+Status Connection::take_answers() {
+  for (;;) {
+    ssize_t n = ::recv(control_.get(), answer_bytes_.data() + answer_have_,
+                       answer_bytes_.size() - answer_have_, MSG_DONTWAIT);
+    if (n == 0) return Unavailable("the owner closed the queue pair");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Ok();
+      return Unavailable("the owner's control connection failed: " + errno_text(errno));
+    }
+    answer_have_ += static_cast<size_t>(n);
+    if (answer_have_ < answer_bytes_.size()) continue;
+    answer_have_ = 0;
+    RDMABUF_ASSIGN_OR_RETURN(BufferAnswer a, parse_answer(answer_bytes_));
+    if (asked_.empty() || asked_.front().id != a.id) {
+      return ProtocolError("the owner answered a question about buffer " + std::to_string(a.id) +
+                           " that was not asked");
+    }
+    const Query q = asked_.front();
+    asked_.pop_front();
+    Status answer;
+    switch (a.code) {
+      case StatusCode::kOk:
+        break;
+      case StatusCode::kNotFound:
+        answer = NotFound("the owner does not have this buffer");
+        break;
+      case StatusCode::kPermissionDenied:
+        answer = PermissionDenied("the owner refused the handle's token");
+        break;
+      case StatusCode::kInvalidArgument:
+        answer = InvalidArgument("the handle's buffer size does not match the owner's");
+        break;
+      default:
+        return ProtocolError("the owner answered about buffer " + std::to_string(a.id) +
+                             " with code " + std::to_string(static_cast<int>(a.code)));
+    }
+    // Ids are never reused, so the answer stays true for this queue pair.
+    validated_[q.id] = Validated{q.token, q.region_size, answer};
+    // The handle's chunks go first, in their order: they have waited.
+    auto parked = parked_.find(q.id);
+    if (parked != parked_.end()) {
+      for (auto it = parked->second.rbegin(); it != parked->second.rend(); ++it)
+        pending_.push_front(std::move(*it));
+      parked_.erase(parked);
+    }
+  }
+}
+
+bool Connection::read_answers() {
+  const size_t asked = asked_.size();
+  Status taken = take_answers();
+  if (!taken.ok()) {
+    reset(0, taken);
+    return true;
+  }
+  if (!asked_.empty() && Clock::now() - asked_.front().sent > kAnswerLimit) {
+    reset(0, Unavailable("the owner did not answer about buffer " +
+                         std::to_string(asked_.front().id) + " within 10 s"));
+    return true;
+  }
+  return asked_.size() != asked;  // answered: chunks may wait in pending_
+}
+
+bool Connection::drop_cancelled_parked() {
+  bool dropped = false;
+  for (auto& [id, chunks] : parked_) {
+    auto cancelled = [](const Chunk& c) { return c.transfer->cancelled(); };
+    auto from = std::stable_partition(chunks.begin(), chunks.end(),
+                                      [&](const Chunk& c) { return !cancelled(c); });
+    for (auto it = from; it != chunks.end(); ++it)
+      complete(*it, Cancelled("cancelled while the owner was asked about the buffer"));
+    dropped |= from != chunks.end();
+    chunks.erase(from, chunks.end());
+  }
+  return dropped;
+}
+
+Status Connection::explain(ibv_wc_status status, const Chunk& chunk) {
+  const char* what = context_.device->lib().wc_status_str(status);
+  switch (status) {
     case IBV_WC_REM_ACCESS_ERR: {
       // The owner's NIC refused the key or the range. Ask the owner whether
       // the buffer is still there, so that a released buffer reads as
-      // NotFound, as over every transport.
+      // NotFound, as over every transport. (The control connection is
+      // closed right after this, so an answer that comes too late confuses
+      // nobody.)
       const RemoteBuffer& remote = chunk.transfer->op(chunk.op).remote;
-      Status owner = query_buffer(control_.get(), remote.id(), remote.token(), remote.region_size(),
-                                  Clock::now() + std::chrono::seconds(2), context_.stop_fd);
-      if (owner.code() == StatusCode::kNotFound) {
-        // Remember it: later ops on this handle fail without a round trip.
+      validated_.erase(remote.id());
+      const uint64_t mine = next_query_;
+      const Deadline until = Clock::now() + kExplainLimit;
+      Status waited = control_.valid() ? ask(remote) : Unavailable("no control connection");
+      while (waited.ok() && !asked_.empty() && asked_.front().seq <= mine) {
+        waited = wait_fd(control_.get(), POLLIN, until, context_.stop_fd);
+        if (waited.ok()) waited = take_answers();
+      }
+      const Status* owner = waited.ok() ? answer_about(remote) : nullptr;
+      if (owner && owner->code() == StatusCode::kNotFound) {
+        // Remembered: later ops on this handle fail without a round trip.
         Status gone = NotFound("the owner released this buffer");
-        validated_[remote.id()] = Validated{remote.token(), remote.region_size(), gone};
+        validated_[remote.id()].answer = gone;
         return gone;
       }
-      if (owner.code() == StatusCode::kPermissionDenied) {
-        return PermissionDenied("the owner refused the handle's token");
-      }
+      if (owner && owner->code() == StatusCode::kPermissionDenied) return *owner;
       return PermissionDenied(std::string("the owner's NIC refused the access (") + what +
                               "): the handle's key or range does not match the registration");
     }
@@ -387,7 +528,7 @@ bool Connection::cancel_if_needed() {
   return false;
 }
 
-void Connection::reset(uint64_t failed, const Status& cause) {
+void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
   // Error first: from here the NIC only flushes. The last posted request
   // is always signalled and completions come in order, so its completion
   // means nothing posted can touch memory any more.
@@ -395,12 +536,11 @@ void Connection::reset(uint64_t failed, const Status& cause) {
     qp_->to_error().ignore();
     const uint64_t last = posted_.empty() ? 0 : posted_.back().wr_id;
     const auto give_up = Clock::now() + kDrainLimit;
-    bool drained = last == 0;
-    while (!drained && Clock::now() < give_up) {
+    while (completed_through_ < last && Clock::now() < give_up) {
       ibv_wc wc[32];
       int n = ibv_poll_cq(qp_->cq(), 32, wc);
       for (int i = 0; i < n; ++i) {
-        drained |= wc[i].wr_id == last;
+        completed_through_ = std::max(completed_through_, wc[i].wr_id);
         if (wc[i].status != IBV_WC_SUCCESS) continue;
         // Finished before the error took hold: done, not to be repeated.
         while (!posted_.empty() && posted_.front().wr_id <= wc[i].wr_id) {
@@ -410,25 +550,42 @@ void Connection::reset(uint64_t failed, const Status& cause) {
       }
       if (n <= 0) sleep_for(std::chrono::microseconds(50));
     }
-    if (!drained) {
+    if (completed_through_ < last) {
       RDMABUF_LOG_WARN("ibverbs: a queue pair did not drain in time; destroying it");
     }
     qp_.reset();  // destroying it also stops the NIC from using it
   }
+  // The failed request's op fails as a whole: its other chunks are neither
+  // posted again nor left waiting.
+  TransferState* failed_transfer = nullptr;
+  uint32_t failed_op = 0;
+  for (Posted& p : posted_) {
+    if (p.wr_id != failed) continue;
+    failed_transfer = p.chunk.transfer.get();
+    failed_op = p.chunk.op;
+    if (failed_wc != IBV_WC_SUCCESS) cause = explain(failed_wc, p.chunk);
+    RDMABUF_LOG_INFO("ibverbs: work request failed: " + cause.to_string());
+  }
+  auto of_failed_op = [&](const Chunk& c) {
+    return failed_transfer && c.transfer.get() == failed_transfer && c.op == failed_op;
+  };
   control_.reset();
-  // Complete what was posted: the failed request with the cause, cancelled
+  asked_.clear();
+  answer_have_ = 0;
+  // Complete what was posted: the failed op with the cause, cancelled
   // transfers as cancelled; the others go again, in order, on a new pair:
-  // once for a failure they did not cause, always for another transfer's
-  // cancellation.
+  // always after a request that failed for a reason of its own or another
+  // transfer's cancellation, once for a failure nobody can be blamed for.
   const bool for_cancellation = cause.code() == StatusCode::kCancelled;
+  const bool blamed = failed_transfer != nullptr;
   std::deque<Chunk> again;
   for (Posted& p : posted_) {
-    if (p.wr_id == failed) {
+    if (of_failed_op(p.chunk)) {
       finish_posted(p, cause);
     } else if (p.chunk.transfer->cancelled()) {
       finish_posted(p, Cancelled("cancelled"));
-    } else if (for_cancellation || p.chunk.retries == 0) {
-      if (!for_cancellation) p.chunk.retries++;
+    } else if (for_cancellation || blamed || p.chunk.retries == 0) {
+      if (!for_cancellation && !blamed) p.chunk.retries++;
       untouch(p.chunk.transfer.get());
       p.region.reset();
       again.push_back(std::move(p.chunk));
@@ -437,8 +594,25 @@ void Connection::reset(uint64_t failed, const Status& cause) {
     }
   }
   posted_.clear();
+  // Chunks waiting for an answer ask again on the next pair.
+  for (auto& [id, chunks] : parked_) {
+    for (Chunk& c : chunks)
+      again.push_back(std::move(c));
+  }
+  parked_.clear();
   for (auto it = again.rbegin(); it != again.rend(); ++it)
     pending_.push_front(std::move(*it));
+  if (blamed) {
+    std::deque<Chunk> kept;
+    for (Chunk& c : pending_) {
+      if (of_failed_op(c)) {
+        complete(c, cause);
+      } else {
+        kept.push_back(std::move(c));
+      }
+    }
+    pending_.swap(kept);
+  }
 }
 
 }  // namespace rdmabuf::ibverbs

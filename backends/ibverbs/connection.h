@@ -2,6 +2,7 @@
 // one owner, and the thread that drives it.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -32,6 +33,8 @@ struct ConnectionContext {
   // Backend-wide shutdown: the flag for loops, the eventfd for polls.
   const std::atomic<bool>* stopping = nullptr;
   int stop_fd = -1;
+  // Takes ops this connection cannot carry (no queue pair) to another backend.
+  OpRouter* router = nullptr;
 };
 
 // One work request's worth of an op: at most the maximum message size.
@@ -59,10 +62,19 @@ struct Chunk {
 // and drains it, so that no DMA can touch local memory any more, and only
 // then completes the chunks: the failed one with the root cause (never the
 // flush errors that follow it), cancelled ones as cancelled, and the others
-// are posted again on a fresh queue pair. Before a handle's first use on a
-// queue pair, the owner confirms it (see validate()). A failed handshake is remembered
-// for a backoff (100 ms, doubling to 5 s); meanwhile health() reports it
-// and new chunks fail at once; afterwards the next chunk tries again.
+// are posted again on a fresh queue pair. When one work request fails, its
+// whole op fails with it (its other chunks are not posted again).
+//
+// Before a handle's first use on a queue pair the owner confirms it (see
+// ask()): the handle's chunks wait aside, never posted, while the question
+// is out, and the thread goes on posting and polling for everyone else. An
+// owner that does not answer within 10 s has its queue pair reset.
+//
+// A failed handshake hands the waiting ops on to the next backend the owner
+// offers (tcp, say), with the failure as the reason; ops with a part done
+// already fail. It is remembered for a backoff (100 ms, doubling to 5 s):
+// meanwhile health() reports it, so new ops go elsewhere at once; afterwards
+// the next chunk tries again.
 class Connection {
  public:
   explicit Connection(ConnectionContext context);
@@ -85,25 +97,51 @@ class Connection {
     uint64_t wr_id;
   };
 
+  // A question about a buffer, sent to the owner, not answered yet.
+  struct Query {
+    uint64_t seq;
+    uint64_t id;
+    Token token;
+    uint64_t region_size;
+    Clock::time_point sent;
+  };
+
   void run();
   void connect();
   bool post();
   bool poll();
   bool cancel_if_needed();
   void sleep_idle();
-  // Error, drain, destroy; completes or requeues every posted chunk.
-  // `failed` (a wr_id, or 0) gets `cause`; the others are requeued.
-  void reset(uint64_t failed, const Status& cause);
-  Status explain(const ibv_wc& wc, const Chunk& chunk);
-  // Whether the owner knows `remote` as its handle says (id, token, size),
-  // asked once per handle per queue pair: the NIC checks only the key and
-  // the registered range, so a forged token or size would go unnoticed.
-  Status validate(const RemoteBuffer& remote);
+  // Error, drain, destroy; completes or requeues every posted chunk. The
+  // work request `failed` (or 0 for none), whose completion said
+  // `failed_wc`, failed with `cause`, and so does the rest of its op; the
+  // others are posted again on a fresh queue pair.
+  void reset(uint64_t failed, Status cause, ibv_wc_status failed_wc = IBV_WC_SUCCESS);
+  // The root cause of a failed work request, in the library's terms; may
+  // ask the owner (a refused key: was the buffer released?).
+  Status explain(ibv_wc_status status, const Chunk& chunk);
+  // What the owner said of `remote` (id, token, size) on this queue pair,
+  // or null when it has not been asked. The NIC checks only the key and the
+  // registered range, so a forged token or size would go unnoticed without
+  // this question, asked once per handle per queue pair.
+  const Status* answer_about(const RemoteBuffer& remote) const;
+  // Sends the question about `remote` unless it is already out.
+  Status ask(const RemoteBuffer& remote);
+  // Takes the answers that have arrived, without blocking; an error when the
+  // control connection failed or the owner answered out of turn.
+  Status take_answers();
+  // take_answers() for the thread's loop: resets the queue pair on an error
+  // or an owner that leaves a question unanswered too long.
+  bool read_answers();
+  // Chunks of cancelled transfers that wait for an answer complete now.
+  bool drop_cancelled_parked();
   void complete(Chunk& chunk, const Status& status);
   void finish_posted(Posted& p, const Status& status);
   bool touch(TransferState* t);
   void untouch(TransferState* t);
   void fail_pending(const Status& status);
+  // The queue pair cannot be set up: see the class comment.
+  void hand_on_pending(const Status& failure);
 
   const ConnectionContext context_;
   mutable std::mutex health_mu_;
@@ -122,7 +160,7 @@ class Connection {
   // Transfers with work requests posted, and how many: each holds one
   // begin_touch bracket on its transfer while the NIC may use its memory.
   std::unordered_map<TransferState*, uint32_t> touching_;
-  // What the owner said of each handle used here (see validate()), by id.
+  // What the owner said of each handle used here (see answer_about()), by id.
   // Ids are never reused, so answers stay true; a release learnt from a
   // refused access is recorded too.
   struct Validated {
@@ -131,6 +169,16 @@ class Connection {
     Status answer;
   };
   std::unordered_map<uint64_t, Validated> validated_;
+  // Questions out, in the order sent (the owner answers in that order),
+  // and the bytes of the next answer received so far.
+  std::deque<Query> asked_;
+  uint64_t next_query_ = 1;
+  std::array<uint8_t, 16> answer_bytes_{};
+  size_t answer_have_ = 0;
+  // Chunks waiting for the owner's answer about their buffer, by buffer id.
+  std::unordered_map<uint64_t, std::vector<Chunk>> parked_;
+  // The highest wr_id whose completion (of any status) was polled.
+  uint64_t completed_through_ = 0;
 };
 
 }  // namespace rdmabuf::ibverbs

@@ -107,8 +107,8 @@ Result<Endpoint> read_accepted(int fd, Deadline deadline, int stop_fd) {
   return endpoint;
 }
 
-Status query_buffer(int fd, uint64_t id, const Token& token, uint64_t region_size,
-                    Deadline deadline, int stop_fd) {
+Status send_query(int fd, uint64_t id, const Token& token, uint64_t region_size, Deadline deadline,
+                  int stop_fd) {
   std::vector<uint8_t> out;
   WireWriter w(out);
   w.put<uint8_t>(kQueryBuffer);
@@ -117,16 +117,19 @@ Status query_buffer(int fd, uint64_t id, const Token& token, uint64_t region_siz
   w.put<uint64_t>(id);
   w.bytes(token.data(), token.size());
   w.put<uint64_t>(region_size);
-  RDMABUF_RETURN_IF_ERROR(send_all(fd, out, deadline, stop_fd));
-  uint8_t in[16];
-  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, deadline, stop_fd));
-  WireReader r(in);
-  auto code = static_cast<StatusCode>(r.get<uint8_t>());
+  return send_all(fd, out, deadline, stop_fd);
+}
+
+Result<BufferAnswer> parse_answer(std::span<const uint8_t, kAnswerBytes> bytes) {
+  WireReader r(bytes);
+  BufferAnswer answer;
+  answer.code = static_cast<StatusCode>(r.get<uint8_t>());
   r.view(7);
-  if (r.get<uint64_t>() != id || code > StatusCode::kInternal) {
+  answer.id = r.get<uint64_t>();
+  if (!r.ok() || answer.code > StatusCode::kInternal) {
     return ProtocolError("malformed answer about a buffer");
   }
-  return Status(code, "");
+  return answer;
 }
 
 Result<BufferQuery> read_query(int fd, int stop_fd) {

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "backends/ibverbs/queue_pair.h"
@@ -26,10 +27,17 @@ constexpr size_t kDeviceNameBytes = 64;
 Status send_connect(int fd, const std::string& owner_device, const Endpoint& mine,
                     Deadline deadline, int stop_fd);
 Result<Endpoint> read_accepted(int fd, Deadline deadline, int stop_fd);
-// What the owner says of buffer `id` with `token` and `region_size`: OK,
-// kNotFound, kPermissionDenied (token) or kInvalidArgument (size).
-Status query_buffer(int fd, uint64_t id, const Token& token, uint64_t region_size,
-                    Deadline deadline, int stop_fd);
+// Asks whether the owner has buffer `id` with `token` and `region_size`.
+// The owner answers queries in the order they were sent.
+Status send_query(int fd, uint64_t id, const Token& token, uint64_t region_size, Deadline deadline,
+                  int stop_fd);
+constexpr size_t kAnswerBytes = 16;
+struct BufferAnswer {
+  uint64_t id = 0;
+  // OK, kNotFound, kPermissionDenied (token) or kInvalidArgument (size).
+  StatusCode code = StatusCode::kOk;
+};
+Result<BufferAnswer> parse_answer(std::span<const uint8_t, kAnswerBytes> bytes);
 
 // Owner side.
 struct ConnectRequest {

@@ -89,31 +89,25 @@ class IbverbsBackend final : public Backend {
 
   Result<BackendContext> register_memory(uint64_t id, const LocalMemory& memory,
                                          const Token&) override {
-    // The same range registered twice shares one registration.
-    const RangeKey range{reinterpret_cast<uintptr_t>(memory.data()), memory.size()};
+    // A registration (and so a key) of its own, even when another buffer
+    // covers the same range: releasing this buffer must revoke exactly its
+    // key, or a stale handle would go on reading through its twin's.
+    RDMABUF_ASSIGN_OR_RETURN(
+        auto region,
+        register_range(*device_, memory.data(), memory.size(),
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE));
+    Context c{device_->name(), reinterpret_cast<uintptr_t>(memory.data()), region->rkey()};
     std::lock_guard lock(owned_mu_);
-    auto it = ranges_.find(range);
-    if (it == ranges_.end()) {
-      RDMABUF_ASSIGN_OR_RETURN(auto region,
-                               register_range(*device_, memory.data(), memory.size(),
-                                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-                                                  IBV_ACCESS_REMOTE_WRITE));
-      it = ranges_.emplace(range, Shared{std::move(region), 0}).first;
-    }
-    it->second.users++;
-    ids_[id] = range;
-    Context c{device_->name(), range.first, it->second.region->rkey()};
+    owned_[id] = std::move(region);
     return BackendContext{"ibverbs", encode(c)};
   }
 
   void unregister_memory(uint64_t id) override {
     std::lock_guard lock(owned_mu_);
-    auto it = ids_.find(id);
-    if (it == ids_.end()) return;
-    auto range = ranges_.find(it->second);
-    ids_.erase(it);
+    auto it = owned_.find(id);
+    if (it == owned_.end()) return;
     // Deregistering makes the NIC refuse every later access with the key.
-    if (range != ranges_.end() && --range->second.users == 0) ranges_.erase(range);
+    owned_.erase(it);
   }
 
   // --- reader side --------------------------------------------------------
@@ -229,11 +223,6 @@ class IbverbsBackend final : public Backend {
   }
 
  private:
-  using RangeKey = std::pair<uintptr_t, size_t>;
-  struct Shared {
-    std::shared_ptr<MemoryRegion> region;
-    int users = 0;
-  };
   // A queue pair per (owner manager, owner address, owner device); this
   // backend uses one local device.
   using ConnectionKey = std::tuple<uint64_t, std::string, std::string>;
@@ -265,6 +254,7 @@ class IbverbsBackend final : public Backend {
     context.busy_poll = env_.config.busy_poll;
     context.stopping = &stopping_;
     context.stop_fd = stop_fd_.get();
+    context.router = env_.router;
     auto connection = std::make_shared<Connection>(std::move(context));
     connections_.emplace(std::move(key), connection);
     return connection;
@@ -280,8 +270,7 @@ class IbverbsBackend final : public Backend {
   std::atomic<uint64_t> handshakes_{0};
 
   std::mutex owned_mu_;
-  std::map<RangeKey, Shared> ranges_;
-  std::map<uint64_t, RangeKey> ids_;
+  std::map<uint64_t, std::shared_ptr<MemoryRegion>> owned_;  // by buffer id
 
   mutable std::mutex connections_mu_;
   std::map<ConnectionKey, std::shared_ptr<Connection>> connections_;

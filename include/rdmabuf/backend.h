@@ -105,6 +105,9 @@ class TransferState {
   void set_route(size_t index, std::string_view backend, const std::string& note);
   // Finishes op `index` at once (for ops rejected before reaching a backend).
   void fail_op(size_t index, const Status& status);
+  // True while no part of op `index` has been reported: another backend may
+  // still take the whole op (see OpRouter).
+  bool no_part_reported(size_t index) const;
 
   // --- For Transfer -------------------------------------------------------
 
@@ -125,6 +128,8 @@ class TransferState {
 
   Status status() const;
   Status op_status(size_t index) const;
+  // Which backend carried op `index`, and why not a better one; final once
+  // the op has finished (a backend may hand an op on before that).
   std::string_view op_backend(size_t index) const;
   std::string op_note(size_t index) const;
 
@@ -221,11 +226,30 @@ class BufferResolver {
 };
 
 // What every backend is given when it is created.
+// Takes back ops that a backend accepted and then found it cannot carry
+// after all (its connection to the owner could not be set up). Each op goes
+// to the next backend, in priority order, that the owner offers and that can
+// reach it, with `why` in the op's note; when there is none, the op fails
+// (with `why`'s code when that says something about the owner, see
+// Backend::can_reach). Only for ops of which no part has been reported
+// (TransferState::no_part_reported); the backend gives up every part it
+// holds of them and completes none.
+class OpRouter {
+ public:
+  virtual void reroute(const std::shared_ptr<TransferState>& transfer,
+                       std::span<const uint32_t> ops, std::string_view from, const Status& why) = 0;
+
+ protected:
+  ~OpRouter() = default;
+};
+
 struct BackendEnv {
   Config config;
   PeerIdentity self;
   // Resolves buffers for accesses this backend serves; outlives the backend.
   BufferResolver* resolver = nullptr;
+  // Hands ops on to another backend; outlives the backend.
+  OpRouter* router = nullptr;
 };
 
 // ---------------------------------------------------------------------------
@@ -256,7 +280,11 @@ class Backend {
 
   // Reader side. OK when this backend can carry ops on `remote` from here;
   // otherwise a status whose message says why not (e.g. "peer is on another
-  // host"). Must be cheap: it is asked for every op.
+  // host"). Must be cheap: it is asked for every op. The code matters when
+  // no backend can carry the op: kUnavailable, kNotFound or
+  // kDeadlineExceeded say something about the owner (gone, restarted,
+  // unreachable) and become the op's status; any other code is a property
+  // of this pairing of backends, and the op fails with kFailedPrecondition.
   virtual Status can_reach(const RemoteBuffer& remote) const = 0;
 
   // Reader side. Starts ops `indices` of `transfer` (already validated:
