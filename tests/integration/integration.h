@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rdmabuf/rdmabuf.h"
@@ -37,6 +38,25 @@ inline std::unique_ptr<TestPeer> start_peer(std::vector<TestPeer::BufferSpec> bu
   auto peer = TestPeer::start(options, &error);
   if (!peer) ADD_FAILURE() << "cannot start rdmabuf_test_peer: " << error;
   return peer;
+}
+
+// Starts a peer that listens on `address`, where one just died: the port
+// may take a moment to free, so it tries for up to 5 s. Null after an
+// ADD_FAILURE when it does not start.
+inline std::unique_ptr<TestPeer> restart_peer_at(const std::string& address,
+                                                 std::vector<TestPeer::BufferSpec> buffers,
+                                                 std::vector<std::string> env = {}) {
+  TestPeer::Options options;
+  options.buffers = std::move(buffers);
+  options.env = std::move(env);
+  options.listen = address;
+  std::string error;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    if (auto peer = TestPeer::start(options, &error)) return peer;
+    std::this_thread::sleep_for(100ms);
+  }
+  ADD_FAILURE() << "cannot start rdmabuf_test_peer at " << address << ": " << error;
+  return nullptr;
 }
 
 // A manager in this process that uses TCP only.
