@@ -10,6 +10,7 @@
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "tools/pattern.h"
+#include "tools/signals.h"
 
 namespace rdmabuf::tool {
 
@@ -28,14 +29,8 @@ int cmd_serve(int argc, char** argv) {
   if (!config.ok()) return fail(config.status());
   if (auto listen = args->get("listen")) config->listen_address = *listen;
 
-  // Block the signals we wait for before any thread starts, so that they
-  // reach sigwait below and not a library thread.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Before any thread starts, so that the signals reach sigwait below.
+  sigset_t stop_signals = block_stop_signals();
 
   auto manager = Manager::create(*config);
   if (!manager.ok()) return fail(manager.status());

@@ -8,5 +8,6 @@ int cmd_serve(int argc, char** argv);
 int cmd_read(int argc, char** argv);
 int cmd_write(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_soak(int argc, char** argv);
 
 }  // namespace rdmabuf::tool

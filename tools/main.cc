@@ -1,4 +1,4 @@
-// rdmabuf: inspect, serve, read, write and benchmark remote buffers.
+// rdmabuf: inspect, serve, read, write, benchmark and soak-test remote buffers.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -22,6 +22,11 @@ commands:
         [--window BYTES] [--connect HANDLE] [--peer auto|none] [--json]
                                 measure bandwidth, latency and op rate against a peer
                                 process (started here unless --connect is given)
+  soak [--seconds N] [--backend NAME] [--clients N] [--inflight N] [--max-size BYTES]
+       [--buffers N] [--seed N] [--json]
+                                load one owner process from several clients over every
+                                viable backend at once, check every byte, fail on errors,
+                                hangs or owner memory and fds that grow
 
 Sizes take K/M/G suffixes (binary). Configuration comes from RDMABUF_* variables;
 `rdmabuf info` shows what is in effect.
@@ -47,6 +52,7 @@ int main(int argc, char** argv) {
   if (command == "read") return cmd_read(argc, argv);
   if (command == "write") return cmd_write(argc, argv);
   if (command == "bench") return cmd_bench(argc, argv);
+  if (command == "soak") return cmd_soak(argc, argv);
   if (command == "--version" || command == "version") {
     std::printf("rdmabuf %s\n", rdmabuf::version());
     return kExitOk;
