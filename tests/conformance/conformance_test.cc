@@ -451,6 +451,45 @@ TEST_P(ConformanceTest, ReleasedBufferIsNotFound) {
   EXPECT_EQ(owner_->release(o.handle).code(), StatusCode::kNotFound) << "release twice";
 }
 
+// A handle whose token or buffer size a forger altered (and resealed, so
+// that it decodes) moves no byte in either direction over any backend:
+// PermissionDenied for the token, InvalidArgument for the size, whoever
+// checks them (the owner's registry over tcp, the owner's answer to the
+// reader's query over ibverbs, the owner's shared state over memory). The
+// genuine handle keeps working afterwards. docs/security.md points here.
+TEST_P(ConformanceTest, ForgedTokenOrSizeMovesNothing) {
+  constexpr size_t kSize = 64 << 10;
+  Owned o = own(kSize, 95);
+  auto token = testing::with_altered_token(o.handle, 9, 0x10);
+  auto bigger = testing::with_view(o.handle, 2 * kSize, 0, 2 * kSize);
+  auto inside = testing::with_view(o.handle, 2 * kSize, 0, kSize);  // in-bounds bytes only
+  ASSERT_TRUE(token.ok() && bigger.ok() && inside.ok());
+  struct Case {
+    const char* what;
+    RemoteBuffer handle;
+    StatusCode code;
+  };
+  const Case cases[] = {
+      {"altered token", *token, StatusCode::kPermissionDenied},
+      {"twice the size", *bigger, StatusCode::kInvalidArgument},
+      {"a larger size, in-bounds view", *inside, StatusCode::kInvalidArgument},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    LocalMemory dst = with_sentinel(c.handle.size());
+    Status s = reader_->read_into(c.handle, dst, kTimeout);
+    EXPECT_EQ(s.code(), c.code) << s.to_string();
+    EXPECT_EQ(find_not(dst.span(), kSentinel), std::nullopt) << "a refused read landed";
+    LocalMemory src = with_pattern(c.handle.size(), 96);
+    s = reader_->write_from(c.handle, src, kTimeout);
+    EXPECT_EQ(s.code(), c.code) << s.to_string();
+    EXPECT_EQ(find_mismatch(snapshot(o.memory), 95), std::nullopt) << "a refused write landed";
+  }
+  LocalMemory dst = allocate(kSize);
+  ASSERT_TRUE(reader_->read_into(o.handle, dst, kTimeout).ok());
+  EXPECT_EQ(find_mismatch(dst.span(), 95), std::nullopt);
+}
+
 TEST_P(ConformanceTest, EmptyHandleIsInvalidArgument) {
   LocalMemory m = with_sentinel(64);
   EXPECT_EQ(reader_->read_into(RemoteBuffer(), m, kTimeout).code(), StatusCode::kInvalidArgument);
