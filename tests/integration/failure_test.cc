@@ -22,13 +22,6 @@
 namespace rdmabuf::testing {
 namespace {
 
-template <typename F>
-Clock::duration timed(F&& f) {
-  auto start = Clock::now();
-  f();
-  return Clock::now() - start;
-}
-
 std::vector<std::byte> copy_of(const LocalMemory& m) {
   return std::vector<std::byte>(m.data(), m.data() + m.size());
 }

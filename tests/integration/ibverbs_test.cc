@@ -92,13 +92,6 @@ std::vector<std::byte> copy_of(const LocalMemory& m) {
   return std::vector<std::byte>(m.data(), m.data() + m.size());
 }
 
-template <typename F>
-Clock::duration timed(F&& f) {
-  auto start = Clock::now();
-  f();
-  return Clock::now() - start;
-}
-
 int64_t ms(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
 }

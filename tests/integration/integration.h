@@ -59,6 +59,14 @@ inline std::unique_ptr<TestPeer> restart_peer_at(const std::string& address,
   return nullptr;
 }
 
+// How long `f()` takes.
+template <typename F>
+Clock::duration timed(F&& f) {
+  auto start = Clock::now();
+  f();
+  return Clock::now() - start;
+}
+
 // A manager in this process that uses TCP only.
 inline std::unique_ptr<Manager> make_manager(const std::function<void(Config&)>& tweak = {}) {
   Config c;
