@@ -120,8 +120,16 @@ void ServerConnection::append_reply(const RequestHeader& h, StatusCode code, uin
   append_bytes(&r, sizeof r);
 }
 
+bool ServerConnection::abandoned() const {
+  pollfd p{fd_.get(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 bool ServerConnection::process() {
   size_t pos = 0;
+  // Asked once per batch of buffered requests (a syscall), and before each
+  // payload that has yet to be received.
+  bool checked_abandoned = false;
   while (rx_end_ - pos >= sizeof(RequestHeader)) {
     RequestHeader h;
     std::memcpy(&h, rx_.get() + pos, sizeof h);
@@ -149,6 +157,10 @@ bool ServerConnection::process() {
         }
       }
     } else {
+      if (!checked_abandoned) {
+        checked_abandoned = true;
+        if (abandoned()) return false;
+      }
       // The payload follows in full whatever we answer; take it.
       size_t buffered = static_cast<size_t>(std::min<uint64_t>(rx_end_ - pos, h.length));
       if (st.ok()) std::memcpy(at, rx_.get() + pos, buffered);
@@ -157,7 +169,7 @@ bool ServerConnection::process() {
       if (rest > 0) {
         // The reader may be waiting for earlier replies; do not make it wait
         // for this payload too.
-        if (!flush()) return false;
+        if (!flush() || abandoned()) return false;
         bool ok = st.ok() ? recv_blocking(at + buffered, rest) : discard_blocking(rest);
         if (!ok) return false;
       }

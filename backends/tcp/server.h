@@ -58,6 +58,11 @@ class ServerConnection final : public PinAbort {
   bool recv_blocking(void* dst, size_t size);
   bool discard_blocking(size_t size);
   bool wait(short events);
+  // Whether the reader has closed or reset its end of the connection: it
+  // gave up on it (a deadline passed), so the writes still buffered here are
+  // writes it abandoned. Applying them late could overwrite what it has
+  // written since over another connection; they are dropped instead.
+  bool abandoned() const;
   void drop_pin() { pin_.reset(); }
 
   Fd fd_;

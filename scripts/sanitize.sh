@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole test suite again under the sanitizers, each in a build directory
+# of its own: ASan+UBSan (build-asan), then TSan (build-tsan). Any report
+# fails the test that caused it (UBSan does not recover; ASan and TSan exit
+# non-zero), and so this script.
+#
+#   scripts/sanitize.sh [address|thread]...   (default: both)
+#
+# Extra ctest arguments go in RDMABUF_CTEST_ARGS. The Python package is not
+# built with sanitizers (an instrumented extension would need an
+# instrumented interpreter); its tests run in the normal build only.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+kinds=("$@")
+[ ${#kinds[@]} -gt 0 ] || kinds=(address thread)
+
+# halt_on_error: the first report ends the process, so the test fails at the
+# report, not at some later symptom. Peers and readers the tests spawn
+# inherit these.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+
+for kind in "${kinds[@]}"; do
+  case "$kind" in
+    address) dir=build-asan ;;
+    thread) dir=build-tsan ;;
+    *) echo "sanitize.sh: unknown sanitizer '$kind' (address or thread)" >&2; exit 2 ;;
+  esac
+  echo "sanitize.sh: the test suite under RDMABUF_SANITIZE=$kind in $dir"
+  # shellcheck disable=SC2086  # word splitting of extra arguments is intended
+  RDMABUF_BUILD_DIR=$dir RDMABUF_CMAKE_ARGS="-DRDMABUF_SANITIZE=$kind -DRDMABUF_BUILD_PYTHON=OFF" \
+    scripts/test.sh ${RDMABUF_CTEST_ARGS:-}
+done
