@@ -34,6 +34,11 @@ constexpr auto kOpTimeout = std::chrono::seconds(60);
 // A client that sees no op complete for this long, with ops in flight, is
 // hung: the library failed to enforce the deadline above.
 constexpr auto kHangAfter = kOpTimeout + std::chrono::seconds(30);
+// A client goes on at least this long after its warm-up (every slot
+// verified once), even past --seconds unless it has seen errors, so that a
+// short run on a slow machine (a sanitizer build) still gives the
+// coordinator a sample of the owner under load after warm-up.
+constexpr auto kLoadAfterWarm = std::chrono::seconds(2);
 // Each client prints at most this many error lines (all are counted).
 constexpr int kMaxErrorLines = 20;
 // Ops submitted together in one batch: 1..kMaxBatch, at random.
@@ -240,15 +245,17 @@ class Client {
     return Status::Ok();
   }
 
-  // Runs ops until `seconds` have passed, then drains. Returns the exit code.
+  // Runs ops until `seconds` have passed, and at least kLoadAfterWarm past
+  // the warm-up, then drains. Returns the exit code.
   int run(std::chrono::seconds seconds) {
-    const Deadline end = Clock::now() + seconds;
+    Deadline end = Clock::now() + seconds;
     Deadline next_progress = Clock::now() + std::chrono::seconds(1);
     Deadline last_completion = Clock::now();
     bool warm_reported = false;
     while (true) {
       const Deadline now = Clock::now();
-      if (now < end) submit_ready();
+      const bool failing = counters_.errors + counters_.mismatches > 0;
+      if (now < end || (!warm_reported && !failing)) submit_ready();
       if (batches_.empty()) break;
       for (uint64_t id :
            queue_.take(std::min(next_progress, now + std::chrono::milliseconds(100)))) {
@@ -259,6 +266,7 @@ class Client {
           std::all_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.warm; })) {
         emit("warm" + usage_fields(usage_of(getpid())));
         warm_reported = true;
+        end = std::max(end, Clock::now() + kLoadAfterWarm);
       }
       if (Clock::now() >= next_progress) {
         emit("progress" + counters_.fields());
