@@ -15,13 +15,12 @@
 #include <span>
 #include <string>
 
+#include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/queue_pair.h"
 #include "rdmabuf/buffer.h"
 #include "rdmabuf/transfer.h"
 
 namespace rdmabuf::ibverbs {
-
-constexpr size_t kDeviceNameBytes = 64;
 
 // Reader side.
 Status send_connect(int fd, const std::string& owner_device, const Endpoint& mine,

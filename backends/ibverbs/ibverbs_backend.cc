@@ -7,17 +7,16 @@
 
 #include "backends/ibverbs/connection.h"
 #include "backends/ibverbs/device.h"
+#include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/handshake.h"
 #include "common/hello.h"
 #include "common/log.h"
 #include "common/op_text.h"
 #include "common/strings.h"
-#include "common/wire.h"
 
 namespace rdmabuf::ibverbs {
 namespace {
 
-constexpr uint8_t kContextVersion = 1;
 // Connections are pruned (idle ones forgotten) when this many are known.
 constexpr size_t kPruneAt = 64;
 // How long a reader may take to ask for a queue pair.
@@ -25,40 +24,11 @@ constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 // The owner's side of a pair never posts: a shallow queue is enough.
 constexpr uint32_t kResponderDepth = 16;
 
-// What a handle says of a buffer registered over ibverbs.
-struct Context {
-  std::string device;
-  uint64_t addr = 0;
-  uint32_t rkey = 0;
-};
-
-std::vector<uint8_t> encode(const Context& c) {
-  std::vector<uint8_t> out;
-  WireWriter w(out);
-  w.put<uint8_t>(kContextVersion);
-  w.put<uint8_t>(0);
-  w.put<uint16_t>(0);
-  w.put<uint32_t>(c.rkey);
-  w.put<uint64_t>(c.addr);
-  w.short_string(c.device);
-  return out;
-}
-
-Result<Context> decode(const BackendContext* ctx) {
+// The context of the handle an op names. FailedPrecondition when the owner
+// does not offer ibverbs.
+Result<HandleContext> decode(const BackendContext* ctx) {
   if (!ctx) return FailedPrecondition("the owner does not offer it");
-  WireReader r(ctx->data);
-  Context c;
-  uint8_t version = r.get<uint8_t>();
-  r.get<uint8_t>();
-  r.get<uint16_t>();
-  c.rkey = r.get<uint32_t>();
-  c.addr = r.get<uint64_t>();
-  c.device = r.short_string();
-  if (!r.ok() || r.remaining() != 0 || version != kContextVersion || c.device.empty() ||
-      c.device.size() >= kDeviceNameBytes) {
-    return InvalidArgument("malformed ibverbs context in the handle");
-  }
-  return c;
+  return decode_context(ctx->data);
 }
 
 class IbverbsBackend final : public Backend {
@@ -96,10 +66,10 @@ class IbverbsBackend final : public Backend {
         auto region,
         register_range(*device_, memory.data(), memory.size(),
                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE));
-    Context c{device_->name(), reinterpret_cast<uintptr_t>(memory.data()), region->rkey()};
+    HandleContext c{device_->name(), reinterpret_cast<uintptr_t>(memory.data()), region->rkey()};
     std::lock_guard lock(owned_mu_);
     owned_[id] = std::move(region);
-    return BackendContext{"ibverbs", encode(c)};
+    return BackendContext{"ibverbs", encode_context(c)};
   }
 
   void unregister_memory(uint64_t id) override {
@@ -113,7 +83,7 @@ class IbverbsBackend final : public Backend {
   // --- reader side --------------------------------------------------------
 
   Status can_reach(const RemoteBuffer& remote) const override {
-    RDMABUF_ASSIGN_OR_RETURN(Context c, decode(remote.context("ibverbs")));
+    RDMABUF_ASSIGN_OR_RETURN(HandleContext c, decode(remote.context("ibverbs")));
     std::lock_guard lock(connections_mu_);
     auto it = connections_.find(key_of(remote, c));
     // A recent handshake failure sends ops elsewhere (tcp) until its backoff ends.
@@ -227,11 +197,12 @@ class IbverbsBackend final : public Backend {
   // backend uses one local device.
   using ConnectionKey = std::tuple<uint64_t, std::string, std::string>;
 
-  static ConnectionKey key_of(const RemoteBuffer& remote, const Context& c) {
+  static ConnectionKey key_of(const RemoteBuffer& remote, const HandleContext& c) {
     return {remote.owner().manager_id, remote.owner().address, c.device};
   }
 
-  Result<std::shared_ptr<Connection>> connection_for(const RemoteBuffer& remote, const Context& c) {
+  Result<std::shared_ptr<Connection>> connection_for(const RemoteBuffer& remote,
+                                                     const HandleContext& c) {
     std::lock_guard lock(connections_mu_);
     if (stopping_.load()) return Cancelled("the manager is shutting down");
     ConnectionKey key = key_of(remote, c);

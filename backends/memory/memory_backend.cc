@@ -19,12 +19,12 @@
 #include <thread>
 #include <unordered_map>
 
+#include "backends/memory/handle_context.h"
 #include "backends/memory/shared_state.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "common/op_text.h"
 #include "common/strings.h"
-#include "common/wire.h"
 
 namespace rdmabuf::memory {
 namespace {
@@ -41,54 +41,6 @@ constexpr uint64_t kMaxPiece = 16 << 20;
 constexpr size_t kMaxHelpers = 7;
 // Owners seen are pruned (exited ones forgotten) when this many are known.
 constexpr size_t kPruneViewsAt = 64;
-
-// The handle context: where the buffer is and how to reach the owner.
-struct Context {
-  uint32_t pid = 0;
-  uint64_t pid_namespace = 0;
-  uint32_t state_fd = 0;
-  uint32_t slot = 0;
-  uint64_t generation = 0;
-  uint64_t base = 0;
-  uint64_t segment_address = 0;
-};
-constexpr uint8_t kContextVersion = 1;
-
-std::vector<uint8_t> encode(const Context& c) {
-  std::vector<uint8_t> out;
-  WireWriter w(out);
-  w.put<uint8_t>(kContextVersion);
-  w.put<uint8_t>(0);
-  w.put<uint16_t>(0);
-  w.put<uint32_t>(c.pid);
-  w.put<uint64_t>(c.pid_namespace);
-  w.put<uint32_t>(c.state_fd);
-  w.put<uint32_t>(c.slot);
-  w.put<uint64_t>(c.generation);
-  w.put<uint64_t>(c.base);
-  w.put<uint64_t>(c.segment_address);
-  return out;
-}
-
-Result<Context> decode(const BackendContext& ctx) {
-  WireReader r(ctx.data);
-  Context c;
-  uint8_t version = r.get<uint8_t>();
-  r.get<uint8_t>();
-  r.get<uint16_t>();
-  c.pid = r.get<uint32_t>();
-  c.pid_namespace = r.get<uint64_t>();
-  c.state_fd = r.get<uint32_t>();
-  c.slot = r.get<uint32_t>();
-  c.generation = r.get<uint64_t>();
-  c.base = r.get<uint64_t>();
-  c.segment_address = r.get<uint64_t>();
-  if (!r.ok() || r.remaining() != 0 || version != kContextVersion || c.slot >= kSlots ||
-      c.pid == 0) {
-    return InvalidArgument("malformed memory context in the handle");
-  }
-  return c;
-}
 
 int read_ptrace_scope() {
   std::ifstream in("/proc/sys/kernel/yama/ptrace_scope");
@@ -163,7 +115,7 @@ class MemoryBackend final : public Backend {
       std::lock_guard lock(owned_mu_);
       owned_[id] = published.first;
     }
-    Context c;
+    HandleContext c;
     c.pid = static_cast<uint32_t>(getpid());
     c.pid_namespace = pid_namespace_;
     c.state_fd = static_cast<uint32_t>(segment_->fd());
@@ -171,7 +123,7 @@ class MemoryBackend final : public Backend {
     c.generation = published.second;
     c.base = reinterpret_cast<uint64_t>(memory.data());
     c.segment_address = reinterpret_cast<uint64_t>(segment_->address());
-    return BackendContext{"memory", encode(c)};
+    return BackendContext{"memory", encode_context(c)};
   }
 
   void unregister_memory(uint64_t id) override {
@@ -191,7 +143,7 @@ class MemoryBackend final : public Backend {
   Status can_reach(const RemoteBuffer& remote) const override {
     const BackendContext* ctx = remote.context("memory");
     if (!ctx) return FailedPrecondition("the owner does not offer it");
-    auto c = decode(*ctx);
+    auto c = decode_context(ctx->data);
     if (!c.ok()) return c.status();
     auto view = const_cast<MemoryBackend*>(this)->view_for(remote.owner(), *c);
     if (!view->usable.ok()) return view->usable;
@@ -211,13 +163,13 @@ class MemoryBackend final : public Backend {
     // Ops of one batch mostly share a handle (slices of it): decode its
     // context and find its owner once per handle, not once per op.
     const std::vector<BackendContext>* last_handle = nullptr;
-    Result<Context> c = InvalidArgument("no op yet");
+    Result<HandleContext> c = InvalidArgument("no op yet");
     std::shared_ptr<OwnerView> view;
     for (uint32_t i : indices) {
       const Op& op = transfer->op(i);
       if (&op.remote.contexts() != last_handle) {
         last_handle = &op.remote.contexts();
-        c = decode(*op.remote.context("memory"));
+        c = decode_context(op.remote.context("memory")->data);
         if (c.ok()) view = view_for(op.remote.owner(), *c);
       }
       if (!c.ok()) {
@@ -277,7 +229,7 @@ class MemoryBackend final : public Backend {
   }
 
  private:
-  std::shared_ptr<OwnerView> view_for(const PeerIdentity& owner, const Context& c) {
+  std::shared_ptr<OwnerView> view_for(const PeerIdentity& owner, const HandleContext& c) {
     const std::pair<uint64_t, uint32_t> key{owner.manager_id, c.pid};
     {
       std::shared_lock lock(views_mu_);
@@ -302,7 +254,7 @@ class MemoryBackend final : public Backend {
   }
 
   // Whether cross-memory attach to this owner works from here, and why not.
-  Status examine(const PeerIdentity& owner, const Context& c, OwnerView& view) {
+  Status examine(const PeerIdentity& owner, const HandleContext& c, OwnerView& view) {
     if (owner.host_id != host_id_) return FailedPrecondition("the peer is on another host");
     if (c.pid_namespace != pid_namespace_ || pid_namespace_ == 0) {
       return FailedPrecondition("the peer is in another PID namespace (another container?)");
