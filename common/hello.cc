@@ -34,14 +34,15 @@ Result<uint64_t> exchange_hello(int fd, const Hello& hello, Deadline deadline, i
   }
   uint16_t version = r.get<uint16_t>();
   auto code = static_cast<StatusCode>(r.get<uint8_t>());
-  r.get<uint8_t>();
+  uint8_t reserved0 = r.get<uint8_t>();
   uint64_t server_id = r.get<uint64_t>();
   uint32_t msg_len = r.get<uint32_t>();
+  uint32_t reserved1 = r.get<uint32_t>();
   if (version != kProtocolVersion) {
     return ProtocolError("the listener speaks protocol version " + std::to_string(version) +
                          ", this rdmabuf speaks " + std::to_string(kProtocolVersion));
   }
-  if (msg_len > kMaxMessage || code > StatusCode::kInternal) {
+  if (msg_len > kMaxMessage || code > StatusCode::kInternal || reserved0 != 0 || reserved1 != 0) {
     return ProtocolError("malformed hello reply");
   }
   std::string message(msg_len, '\0');

@@ -1,5 +1,6 @@
 #include "backends/ibverbs/handshake.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -32,12 +33,19 @@ Result<Endpoint> get_endpoint(WireReader& r) {
   r.bytes(e.gid.raw, sizeof e.gid.raw);
   e.lid = r.get<uint16_t>();
   e.mtu = r.get<uint8_t>();
-  r.get<uint8_t>();
-  r.get<uint32_t>();
-  if (!r.ok() || e.psn > 0xffffff || e.mtu < IBV_MTU_256 || e.mtu > IBV_MTU_4096) {
+  uint8_t reserved0 = r.get<uint8_t>();
+  uint32_t reserved1 = r.get<uint32_t>();
+  if (!r.ok() || e.psn > 0xffffff || e.mtu < IBV_MTU_256 || e.mtu > IBV_MTU_4096 ||
+      reserved0 != 0 || reserved1 != 0) {
     return ProtocolError("malformed queue pair endpoint");
   }
   return e;
+}
+
+// True when the next `size` bytes of `r` are there and all zero.
+bool zeros(WireReader& r, size_t size) {
+  auto bytes = r.view(size);
+  return r.ok() && std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == 0; });
 }
 
 Status send_all(int fd, const std::vector<uint8_t>& out, Deadline deadline, int stop_fd) {
@@ -70,8 +78,13 @@ Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd) {
   }
   ConnectRequest request;
   auto name = r.view(kDeviceNameBytes);
-  request.device.assign(reinterpret_cast<const char*>(name.data()),
-                        strnlen(reinterpret_cast<const char*>(name.data()), name.size()));
+  // The name, then NUL padding to the end of the field (at least one NUL).
+  size_t length = strnlen(reinterpret_cast<const char*>(name.data()), name.size());
+  if (length == name.size() ||
+      !std::all_of(name.begin() + length, name.end(), [](uint8_t b) { return b == 0; })) {
+    return ProtocolError("malformed device name in an ibverbs connect request");
+  }
+  request.device.assign(reinterpret_cast<const char*>(name.data()), length);
   RDMABUF_ASSIGN_OR_RETURN(request.endpoint, get_endpoint(r));
   return request;
 }
@@ -95,10 +108,10 @@ Result<Endpoint> read_accepted(int fd, Deadline deadline, int stop_fd) {
   RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, deadline, stop_fd));
   WireReader r(in);
   auto code = static_cast<StatusCode>(r.get<uint8_t>());
-  r.view(7);
+  bool reserved_zero = zeros(r, 7);
   auto endpoint = get_endpoint(r);
   uint32_t length = r.get<uint32_t>();
-  if (length > kMaxMessage || code > StatusCode::kInternal) {
+  if (length > kMaxMessage || code > StatusCode::kInternal || !reserved_zero) {
     return ProtocolError("malformed queue pair answer");
   }
   std::string message(length, '\0');
@@ -124,9 +137,9 @@ Result<BufferAnswer> parse_answer(std::span<const uint8_t, kAnswerBytes> bytes) 
   WireReader r(bytes);
   BufferAnswer answer;
   answer.code = static_cast<StatusCode>(r.get<uint8_t>());
-  r.view(7);
+  bool reserved_zero = zeros(r, 7);
   answer.id = r.get<uint64_t>();
-  if (!r.ok() || answer.code > StatusCode::kInternal) {
+  if (!r.ok() || answer.code > StatusCode::kInternal || !reserved_zero) {
     return ProtocolError("malformed answer about a buffer");
   }
   return answer;
@@ -137,7 +150,7 @@ Result<BufferQuery> read_query(int fd, int stop_fd) {
   RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, Deadline::max(), stop_fd));
   WireReader r(in);
   if (r.get<uint8_t>() != kQueryBuffer) return ProtocolError("unknown ibverbs control request");
-  r.view(7);
+  if (!zeros(r, 7)) return ProtocolError("ibverbs control request with reserved bits set");
   BufferQuery q;
   q.id = r.get<uint64_t>();
   r.bytes(q.token.data(), q.token.size());
