@@ -52,8 +52,10 @@ Result<size_t> parse_size(std::string_view text) {
   auto number = parse_int(text, 0, std::numeric_limits<int64_t>::max());
   if (!number)
     return InvalidArgument("'" + std::string(text) + "' is not a size (e.g. 4096, 64K, 4M)");
+  // Every size stays below 2^63, suffix or not, so each one also reads back
+  // from its plain decimal form.
   uint64_t value = static_cast<uint64_t>(*number);
-  if (value > std::numeric_limits<uint64_t>::max() / multiplier) {
+  if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / multiplier) {
     return InvalidArgument("size '" + std::string(text) + "' overflows");
   }
   return static_cast<size_t>(value * multiplier);

@@ -86,7 +86,7 @@ struct Config {
 };
 
 // Parses "4096", "64K", "4M", "1G" (binary multiples). kInvalidArgument on
-// garbage or overflow.
+// garbage, or for 2^63 bytes or more (with a suffix as without).
 Result<size_t> parse_size(std::string_view text);
 
 }  // namespace rdmabuf

@@ -301,6 +301,7 @@ TEST(ParseSizeTest, AcceptsPlainAndSuffixed) {
       {"3g", size_t{3} << 30},
       {" 16K ", 16u << 10},
       {"9223372036854775807", size_t{9223372036854775807ull}},
+      {"8589934591G", size_t{8589934591ull} << 30},  // 2^63 - 1 GiB
   };
   for (const auto& [text, value] : good) {
     auto r = parse_size(text);
@@ -312,7 +313,10 @@ TEST(ParseSizeTest, AcceptsPlainAndSuffixed) {
 TEST(ParseSizeTest, RefusesGarbageAndOverflow) {
   for (const char* bad :
        {"", "   ", "K", "M", "abc", "1.5K", "-1", "-4K", "4KB", "4 K B", "1T", "0x10", "4K4",
-        "17179869184G", "18446744073709551616", "99999999999999999999K"}) {
+        "17179869184G", "18446744073709551616", "99999999999999999999K",
+        // 2^63 and above: found by fuzz_config, these parsed although their
+        // decimal forms did not.
+        "8589934592G", "16777777777g", "9007199254740992K"}) {
     auto r = parse_size(bad);
     EXPECT_FALSE(r.ok()) << "'" << bad << "' parsed as " << (r.ok() ? *r : 0);
     if (!r.ok()) {
