@@ -161,6 +161,10 @@ bool ServerConnection::process() {
         checked_abandoned = true;
         if (abandoned()) return false;
       }
+      // Read payloads gathered so far may point at the bytes this write
+      // changes: send them first, so that no read returns a later write's
+      // bytes.
+      if (st.ok() && has_external() && !flush()) return false;
       // The payload follows in full whatever we answer; take it.
       size_t buffered = static_cast<size_t>(std::min<uint64_t>(rx_end_ - pos, h.length));
       if (st.ok()) std::memcpy(at, rx_.get() + pos, buffered);

@@ -27,8 +27,9 @@ struct ServerSettings {
 // the registry; a refused request gets an error reply and the connection
 // goes on. Replies are gathered and sent together (up to kMaxIov pieces per
 // sendmsg): headers and small payloads copied into one buffer, large read
-// payloads straight from the registered memory; large write payloads are
-// received straight into it.
+// payloads straight from the registered memory (sent before any later
+// write changes those bytes); large write payloads are received straight
+// into it.
 class ServerConnection final : public PinAbort {
  public:
   ServerConnection(Fd fd, const ServerSettings& settings);

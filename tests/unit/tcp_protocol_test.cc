@@ -289,6 +289,28 @@ TEST_F(TcpProtocolTest, PipelinedRequestsAreAnsweredInOrder) {
     expect_read_reply(*c, 1000 + i, i * 97, 1 + i * 131);
 }
 
+// Caught by fuzz_tcp_server's model of the owner: a large read (its
+// payload sent straight from the registered memory, after the batch is
+// processed) followed, in the same batch, by a write to the same bytes
+// used to return the written bytes: the owner had reordered the write
+// before the read.
+TEST_F(TcpProtocolTest, ReadIsAnsweredWithTheBytesBeforeALaterWrite) {
+  auto c = data_connection();
+  std::vector<uint8_t> batch = bytes_of(request(RequestKind::kRead, 1, handle_, 0, 20000));
+  auto write = bytes_of(request(RequestKind::kWrite, 2, handle_, 0, 8));
+  batch.insert(batch.end(), write.begin(), write.end());
+  batch.insert(batch.end(), 8, 0xee);
+  ASSERT_TRUE(c->send_all(batch));  // one send: the owner takes both in one batch
+  expect_read_reply(*c, 1, 0, 20000);
+  ResponseHeader r{};
+  ASSERT_TRUE(c->recv_exact(&r, sizeof r));
+  EXPECT_EQ(r.kind, static_cast<uint8_t>(RequestKind::kWrite) | tcp::kResponseBit);
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.request_id, 2u);
+  testing::ScopedIgnoreReads quiet;
+  EXPECT_EQ(memory_.span()[7], std::byte{0xee});
+}
+
 TEST_F(TcpProtocolTest, ValidWriteLands) {
   auto c = data_connection();
   std::vector<std::byte> payload(70000);
