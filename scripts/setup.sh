@@ -24,37 +24,7 @@ packages=(cmake ninja-build g++ make pkg-config googletest libgtest-dev clang-fo
   libibverbs-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest)
 
-installed() {
-  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
-}
-
-install_packages() {
-  if ! command -v dpkg-query >/dev/null 2>&1; then
-    echo "setup: not a Debian system; make sure these (or equivalents) are installed:" \
-      "${packages[*]}" >&2
-    return
-  fi
-  local missing=()
-  for p in "${packages[@]}"; do
-    installed "$p" || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return
-  local sudo=()
-  if [ "$(id -u)" -ne 0 ]; then
-    if ! command -v sudo >/dev/null 2>&1; then
-      echo "setup: missing packages (${missing[*]}); run as root or install sudo" >&2
-      exit 1
-    fi
-    sudo=(sudo)
-  fi
-  echo "setup: installing ${missing[*]}"
-  # noninteractive: iperf3 would otherwise ask whether to start a daemon.
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y --no-install-recommends "${missing[@]}"
-}
-
-install_packages
+scripts/install-packages.sh "${packages[@]}"
 
 configure=(cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDMABUF_WERROR=ON)
 # An existing build directory keeps the generator it was made with.
