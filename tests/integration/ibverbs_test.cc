@@ -936,7 +936,16 @@ TEST_F(IbverbsFailureTest, WritesNeverLandAfterReleaseReturned) {
     }
     std::string watched = peer->command("release-watch " + std::to_string(index) + " 100");
     const auto released = Clock::now();
-    std::this_thread::sleep_for(50ms);
+    // Until a write that started after release() returned has finished
+    // (slow machines, sanitizers and emulated CPUs take their time).
+    auto finished_after_release = [&] {
+      std::lock_guard lock(mu);
+      return std::any_of(outcomes.begin(), outcomes.end(),
+                         [&](const auto& o) { return o.first > released; });
+    };
+    for (auto until = Clock::now() + kTimeout; !finished_after_release() && Clock::now() < until;) {
+      std::this_thread::sleep_for(10ms);
+    }
     stop = true;
     for (auto& t : writers)
       t.join();
