@@ -1,0 +1,447 @@
+#include "fuzz/fuzz_support.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "backends/tcp/client.h"
+#include "backends/tcp/server.h"
+#include "common/buffer_access.h"
+#include "common/hello.h"
+#include "core/registry.h"
+#include "rdmabuf/backend.h"
+
+namespace rdmabuf::fuzz {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Longest any step of a run may take before the run counts as hung.
+constexpr auto kHang = 10s;
+constexpr int kHangMs = 10000;
+
+// `size` bytes of heap memory, so that AddressSanitizer catches an access
+// one byte past either end (mmap'd memory, as LocalMemory::allocate gives,
+// has no redzones).
+LocalMemory heap_memory(size_t size) {
+  auto storage = std::make_shared<std::vector<std::byte>>(size);
+  return LocalMemory(storage->data(), size, storage);
+}
+
+// Never set: the connections under test end by themselves.
+std::atomic<bool> never_stopping{false};
+
+// The owner's registry, made once per process and kept to its end.
+struct Owner {
+  Registry registry;
+  std::vector<LocalMemory> memory;  // kOwnedBuffers' memory, in order
+
+  Owner() {
+    for (const OwnedBuffer& b : kOwnedBuffers) {
+      LocalMemory m = heap_memory(b.size);
+      registry.add(b.id, token_of(b), m);
+      memory.push_back(m);
+    }
+  }
+};
+
+Owner& owner() {
+  static Owner* the_owner = new Owner;  // never destroyed: serving threads may outlive exit
+  return *the_owner;
+}
+
+// The loopback socket the reader target's owner listens on.
+struct OwnerListener {
+  Fd fd;
+  HostPort address;
+
+  OwnerListener() {
+    auto listening = listen_tcp(HostPort{"127.0.0.1", 0}, 64);
+    RDMABUF_FUZZ_CHECK(listening.ok());
+    fd = std::move(listening).value();
+    auto bound = local_address(fd.get());
+    RDMABUF_FUZZ_CHECK(bound.ok());
+    address = *bound;
+  }
+};
+
+OwnerListener& owner_listener() {
+  static OwnerListener* the_listener = new OwnerListener;
+  return *the_listener;
+}
+
+// Closes with a reset rather than a FIN, so that a connection the reader
+// has not hung up yet leaves no socket in TIME_WAIT behind (a fuzzer makes
+// a thousand connections a second).
+void close_abortively(Fd& fd) {
+  linger abort_on_close{1, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof abort_on_close);
+  fd.reset();
+}
+
+// Appends what is readable on `fd` now to `out`; false at end of stream or
+// on an error.
+bool take_into(int fd, std::vector<uint8_t>& out) {
+  uint8_t chunk[16 << 10];
+  while (true) {
+    ssize_t n = ::recv(fd, chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n > 0) {
+      out.insert(out.end(), chunk, chunk + n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+}
+
+}  // namespace
+
+// --- Sockets ----------------------------------------------------------------
+
+SocketPair socket_pair() {
+  int fds[2];
+  RDMABUF_FUZZ_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+  int size = 1 << 20;
+  ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+  return SocketPair{Fd(fds[0]), Fd(fds[1])};
+}
+
+SocketPair fed_with(std::span<const uint8_t> bytes) {
+  SocketPair pair = socket_pair();
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n = ::send(pair.remote.get(), bytes.data() + sent, bytes.size() - sent,
+                       MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  ::shutdown(pair.remote.get(), SHUT_WR);
+  return pair;
+}
+
+std::vector<uint8_t> take_available(int fd) {
+  std::vector<uint8_t> out;
+  take_into(fd, out);
+  return out;
+}
+
+// --- The owner --------------------------------------------------------------
+
+Token token_of(const OwnedBuffer& buffer) {
+  Token token;
+  token.fill(buffer.token_byte);
+  return token;
+}
+
+// Computed once: the loops would cost a traced comparison per byte per run.
+const std::vector<uint8_t>& initial_contents(size_t index) {
+  static const auto* images = [] {
+    auto* out = new std::vector<std::vector<uint8_t>>;
+    for (const OwnedBuffer& b : kOwnedBuffers) {
+      std::vector<uint8_t> bytes(b.size);
+      for (size_t i = 0; i < b.size; ++i)
+        bytes[i] = static_cast<uint8_t>(i * 7 + b.id * 31);
+      out->push_back(std::move(bytes));
+    }
+    return out;
+  }();
+  return (*images)[index];
+}
+
+std::vector<uint8_t> serve_requests(std::span<const uint8_t> requests,
+                                    std::vector<std::vector<uint8_t>>* contents) {
+  Owner& o = owner();
+  for (size_t b = 0; b < o.memory.size(); ++b)
+    std::memcpy(o.memory[b].data(), initial_contents(b).data(), o.memory[b].size());
+  SocketPair pair = socket_pair();
+  tcp::ServerSettings settings{&o.registry, 0us, 2000ms, &never_stopping, -1};
+  std::thread server([&settings, fd = std::move(pair.local)]() mutable {
+    tcp::ServerConnection connection(std::move(fd), settings);
+    connection.run();
+  });  // the connection closes its socket when it returns
+
+  // Send the requests while taking the replies; once every reply owed is
+  // in, shut down, and take what comes until the server hangs up.
+  const size_t owed = model_owner(requests).replies.size();
+  Status nonblocking = set_nonblocking(pair.remote.get(), true);
+  RDMABUF_FUZZ_CHECK(nonblocking.ok());
+  std::vector<uint8_t> replies;
+  size_t sent = 0;
+  bool sending = true;
+  bool open = true;
+  while (true) {
+    if (sending && sent == requests.size()) sending = false;
+    if (open && !sending && replies.size() >= owed) {
+      ::shutdown(pair.remote.get(), SHUT_WR);
+      open = false;
+    }
+    pollfd p{pair.remote.get(), static_cast<short>(POLLIN | (sending ? POLLOUT : 0)), 0};
+    int ready = ::poll(&p, 1, kHangMs);
+    RDMABUF_FUZZ_CHECK(ready != 0);  // the server neither answers nor hangs up
+    if (ready < 0) continue;
+    if (sending && (p.revents & POLLOUT)) {
+      ssize_t n = ::send(pair.remote.get(), requests.data() + sent, requests.size() - sent,
+                         MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) sent += static_cast<size_t>(n);
+      if (n < 0 && errno != EAGAIN && errno != EINTR) sending = false;  // it hung up
+    }
+    if ((p.revents & (POLLIN | POLLHUP | POLLERR)) && !take_into(pair.remote.get(), replies)) {
+      break;
+    }
+  }
+  server.join();
+  if (contents) {
+    contents->clear();
+    for (const LocalMemory& m : o.memory) {
+      const auto* data = reinterpret_cast<const uint8_t*>(m.data());
+      contents->emplace_back(data, data + m.size());
+    }
+  }
+  return replies;
+}
+
+// --- The owner's model -----------------------------------------------------
+
+namespace {
+
+constexpr size_t kRequest = 64;
+constexpr uint64_t kMaxRequestLength = uint64_t{1} << 30;
+
+void put_reply(OwnerModel& m, uint8_t kind, StatusCode code, uint64_t id, uint64_t payload) {
+  uint8_t header[24] = {};
+  header[0] = static_cast<uint8_t>(kind | 0x80);
+  header[1] = static_cast<uint8_t>(code);
+  std::memcpy(header + 8, &id, 8);
+  std::memcpy(header + 16, &payload, 8);
+  m.replies.insert(m.replies.end(), header, header + sizeof header);
+}
+
+}  // namespace
+
+OwnerModel model_owner(std::span<const uint8_t> in) {
+  OwnerModel m;
+  for (size_t b = 0; b < std::size(kOwnedBuffers); ++b)
+    m.buffers.push_back(initial_contents(b));
+  size_t pos = 0;
+  while (in.size() - pos >= kRequest) {
+    std::span<const uint8_t> h = in.subspan(pos, kRequest);
+    const uint8_t kind = h[0];
+    const uint64_t request_id = load<uint64_t>(h, 8);
+    const uint64_t buffer_id = load<uint64_t>(h, 16);
+    const uint64_t region = load<uint64_t>(h, 40);
+    const uint64_t offset = load<uint64_t>(h, 48);
+    const uint64_t length = load<uint64_t>(h, 56);
+    if ((kind != 1 && kind != 2) || h[1] != 0 || load<uint16_t>(h, 2) != 0 ||
+        load<uint32_t>(h, 4) != 0 || length == 0 || length > kMaxRequestLength) {
+      m.clean = false;  // the owner hangs up
+      return m;
+    }
+    pos += kRequest;
+    StatusCode code = StatusCode::kNotFound;
+    size_t buffer = 0;
+    for (size_t b = 0; b < std::size(kOwnedBuffers); ++b) {
+      if (kOwnedBuffers[b].id != buffer_id) continue;
+      Token token = token_of(kOwnedBuffers[b]);
+      const uint64_t size = m.buffers[b].size();
+      buffer = b;
+      if (std::memcmp(h.data() + 24, token.data(), token.size()) != 0) {
+        code = StatusCode::kPermissionDenied;
+      } else if (region != size || offset > size || length > size - offset) {
+        code = StatusCode::kInvalidArgument;
+      } else {
+        code = StatusCode::kOk;
+      }
+    }
+    const bool ok = code == StatusCode::kOk;
+    auto at = m.buffers[buffer].begin() + static_cast<ptrdiff_t>(ok ? offset : 0);
+    if (kind == 1) {
+      put_reply(m, kind, code, request_id, ok ? length : 0);
+      if (ok) m.replies.insert(m.replies.end(), at, at + static_cast<ptrdiff_t>(length));
+      continue;
+    }
+    if (in.size() - pos < length) {  // cut short: the owner hangs up without a reply
+      m.clean = false;
+      if (ok) {
+        m.cut_buffer = buffer;
+        m.cut_begin = offset;
+        m.cut_end = offset + length;
+      }
+      return m;
+    }
+    if (ok)
+      std::copy(in.begin() + static_cast<ptrdiff_t>(pos),
+                in.begin() + static_cast<ptrdiff_t>(pos + length), at);
+    pos += length;
+    put_reply(m, kind, code, request_id, 0);
+  }
+  if (pos != in.size()) m.clean = false;  // half a request, then the end
+  return m;
+}
+
+// --- The reader -------------------------------------------------------------
+
+bool ReaderPlan::parse(std::span<const uint8_t>& bytes, ReaderPlan* plan) {
+  if (bytes.empty()) return false;
+  size_t count = (bytes[0] & 3u) + 1;  // at most kMaxPlannedOps
+  if (bytes.size() < 1 + count) return false;
+  plan->chunk_size = (bytes[0] & 4u) ? 64 << 10 : 4 << 10;
+  plan->ops.clear();
+  for (size_t i = 0; i < count; ++i) {
+    uint8_t b = bytes[1 + i];
+    bool write = b & 1u;
+    size_t index = (b >> 1) & 7u;
+    plan->ops.push_back(PlannedOp{write, write ? kWriteLengths[index] : kReadLengths[index]});
+  }
+  bytes = bytes.subspan(1 + count);
+  return true;
+}
+
+std::vector<uint8_t> ReaderPlan::encode() const {
+  std::vector<uint8_t> out;
+  out.push_back(static_cast<uint8_t>((ops.size() - 1) | (chunk_size == (64 << 10) ? 4 : 0)));
+  for (const PlannedOp& op : ops) {
+    std::span<const uint64_t> lengths = op.write ? std::span<const uint64_t>(kWriteLengths)
+                                                 : std::span<const uint64_t>(kReadLengths);
+    size_t index =
+        static_cast<size_t>(std::find(lengths.begin(), lengths.end(), op.length) - lengths.begin());
+    out.push_back(static_cast<uint8_t>((op.write ? 1 : 0) | (index << 1)));
+  }
+  return out;
+}
+
+const std::vector<uint8_t>& initial_local(size_t op) {
+  static const auto* images = [] {
+    const uint64_t longest =
+        std::max(*std::max_element(std::begin(kReadLengths), std::end(kReadLengths)),
+                 *std::max_element(std::begin(kWriteLengths), std::end(kWriteLengths)));
+    auto* out = new std::vector<std::vector<uint8_t>>;
+    for (size_t i = 0; i < kMaxPlannedOps; ++i) {
+      std::vector<uint8_t> bytes(longest);
+      for (size_t j = 0; j < bytes.size(); ++j)
+        bytes[j] = static_cast<uint8_t>(j * 13 + i * 101 + 5);
+      out->push_back(std::move(bytes));
+    }
+    return out;
+  }();
+  return (*images)[op];
+}
+
+size_t request_bytes(const ReaderPlan& plan) {
+  size_t total = 0;
+  for (const auto& op : plan.ops) {
+    size_t chunks = (op.length + plan.chunk_size - 1) / plan.chunk_size;
+    total += chunks * 64 + (op.write ? op.length : 0);
+  }
+  return total;
+}
+
+ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replies,
+                         size_t expect_requests) {
+  OwnerListener& listener = owner_listener();
+  const OwnedBuffer& target = kOwnedBuffers[0];
+  detail::RemoteBufferFields fields;
+  fields.id = target.id;
+  fields.region_size = target.size;
+  fields.token = token_of(target);
+  fields.owner = PeerIdentity{kOwnerId, listener.address.to_string(), "fuzz-host",
+                              static_cast<uint32_t>(::getpid())};
+  fields.contexts.push_back(BackendContext{"tcp", {}});
+  auto handle = detail::RemoteBufferAccess::make(std::move(fields));
+  RDMABUF_FUZZ_CHECK(handle.ok());
+
+  std::vector<Op> ops;
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    const auto& planned = plan.ops[i];
+    LocalMemory local = heap_memory(planned.length);
+    std::memcpy(local.data(), initial_local(i).data(), planned.length);
+    if (planned.write) {
+      ops.push_back(Op::write(*handle, local));
+    } else {
+      auto remote = handle->slice(0, planned.length);
+      RDMABUF_FUZZ_CHECK(remote.ok());
+      ops.push_back(Op::read(*remote, local));
+    }
+  }
+  auto transfer = std::make_shared<TransferState>(ops, Clock::now() + kHang, 0us);
+  auto finished = make_eventfd();
+  RDMABUF_FUZZ_CHECK(finished.ok());
+  transfer->set_on_finish([fd = finished->get()] { signal_eventfd(fd); });
+
+  tcp::PeerContext context;
+  context.address = listener.address;
+  context.owner_id = kOwnerId;
+  context.self_id = kReaderId;
+  context.stall_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kHang);
+  context.stopping = &never_stopping;
+  ReaderOutcome outcome;
+  {
+    tcp::Peer peer(context, 1);
+    std::vector<uint32_t> indices(ops.size());
+    for (uint32_t i = 0; i < indices.size(); ++i)
+      indices[i] = i;
+    peer.submit(transfer, indices, plan.chunk_size);
+
+    // The owner: take the connection and its hello, answer it, then send
+    // `replies` while taking whatever the reader sends.
+    const Deadline deadline = Clock::now() + kHang;
+    if (!wait_fd(listener.fd.get(), POLLIN, deadline).ok()) {
+      peer.stop();  // waits for its connect, if it has begun one
+      std::fprintf(stderr, "fuzz: the reader did not connect within %d ms; its first op: %s\n",
+                   kHangMs, transfer->op_status(0).to_string().c_str());
+      RDMABUF_FUZZ_CHECK(false);
+    }
+    Fd conn(::accept4(listener.fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    RDMABUF_FUZZ_CHECK(conn.valid());
+    uint8_t hello[24];
+    RDMABUF_FUZZ_CHECK(recv_exact(conn.get(), hello, sizeof hello, deadline).ok());
+    // The reader's hello, as docs/wire-format.md says it.
+    RDMABUF_FUZZ_CHECK(std::memcmp(hello, "RBHI", 4) == 0);
+    RDMABUF_FUZZ_CHECK(load<uint16_t>(hello, 4) == 1 && hello[6] == 2 && hello[7] == 0);
+    RDMABUF_FUZZ_CHECK(load<uint64_t>(hello, 8) == kReaderId);
+    RDMABUF_FUZZ_CHECK(load<uint64_t>(hello, 16) == kOwnerId);
+    RDMABUF_FUZZ_CHECK(send_hello_reply(conn.get(), kOwnerId, Status::Ok(), deadline).ok());
+    while (outcome.requests.size() < expect_requests) {
+      RDMABUF_FUZZ_CHECK(wait_fd(conn.get(), POLLIN, deadline).ok());
+      RDMABUF_FUZZ_CHECK(take_into(conn.get(), outcome.requests));
+    }
+    size_t sent = 0;
+    bool open = true;
+    while (open && sent < replies.size() && Clock::now() < deadline) {
+      pollfd q{conn.get(), POLLIN | POLLOUT, 0};
+      if (::poll(&q, 1, kHangMs) <= 0) continue;
+      if (q.revents & POLLOUT) {
+        ssize_t n = ::send(conn.get(), replies.data() + sent, replies.size() - sent,
+                           MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) sent += static_cast<size_t>(n);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) open = false;  // the reader hung up
+      }
+      if (q.revents & (POLLIN | POLLHUP | POLLERR)) open = take_into(conn.get(), outcome.requests);
+    }
+    ::shutdown(conn.get(), SHUT_WR);
+    // Every op must now finish: its reply came, or the reader saw the end.
+    while (!transfer->finished() && Clock::now() < deadline) {
+      pollfd q[2] = {{finished->get(), POLLIN, 0}, {conn.get(), POLLIN, 0}};
+      if (::poll(q, open ? 2 : 1, kHangMs) <= 0) continue;
+      if (q[1].revents) open = take_into(conn.get(), outcome.requests);
+    }
+    outcome.finished = transfer->finished();
+    close_abortively(conn);
+    peer.stop();
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    outcome.op_status.push_back(transfer->op_status(i));
+    const auto* data = reinterpret_cast<const uint8_t*>(ops[i].local.data());
+    outcome.local.emplace_back(data, data + ops[i].local.size());
+  }
+  return outcome;
+}
+
+}  // namespace rdmabuf::fuzz

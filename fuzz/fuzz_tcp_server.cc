@@ -1,0 +1,47 @@
+// Fuzzes what a manager's tcp backend reads from a reader once the hello is
+// done: the request frames and write payloads of a data stream
+// (backends/tcp/server.cc, protocol.h).
+//
+// Feeds each input, as the bytes a reader sent, to a real
+// tcp::ServerConnection serving a real Registry (fuzz_support.h: buffer 1
+// of 32 KiB, buffer 2 of 256 B, fixed tokens), over a socket pair, and
+// takes everything it sends back.
+//
+// Checks the replies and the buffers against an owner written from
+// docs/wire-format.md (model_owner, fuzz_support.h): every reply is exactly
+// the model's (kind | 0x80, status, echoed id, payload length, and for an
+// OK read the buffer's bytes as the writes before it left them, never a
+// later write's), in order, none extra; the connection ends at the first
+// request the owner must refuse (unknown kind, non-zero flags or reserved
+// fields, length 0 or over 1 GiB) or at a write whose payload is cut short,
+// and may drop the replies it has not sent by then but never sends a wrong
+// one; a stream of only well-formed whole requests gets every reply; the
+// buffers hold exactly the bytes the model's writes left (but for those of
+// a write cut short); nothing outside them is touched (AddressSanitizer).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "fuzz/fuzz_support.h"
+#include "rdmabuf/status.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace rdmabuf::fuzz;
+  std::span<const uint8_t> in(data, size);
+  std::vector<std::vector<uint8_t>> contents;
+  std::vector<uint8_t> replies = serve_requests(in, &contents);
+  OwnerModel want = model_owner(in);
+  RDMABUF_FUZZ_CHECK(replies.size() <= want.replies.size());
+  RDMABUF_FUZZ_CHECK(std::equal(replies.begin(), replies.end(), want.replies.begin()));
+  if (want.clean) RDMABUF_FUZZ_CHECK(replies.size() == want.replies.size());
+  // A write cut short may have landed in part: those bytes are not compared.
+  std::vector<uint8_t>& cut = contents[want.cut_buffer];
+  std::copy(want.buffers[want.cut_buffer].begin() + static_cast<ptrdiff_t>(want.cut_begin),
+            want.buffers[want.cut_buffer].begin() + static_cast<ptrdiff_t>(want.cut_end),
+            cut.begin() + static_cast<ptrdiff_t>(want.cut_begin));
+  RDMABUF_FUZZ_CHECK(contents == want.buffers);
+  return 0;
+}

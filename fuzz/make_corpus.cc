@@ -1,0 +1,274 @@
+// Writes the fuzz targets' seed corpus: one directory per target under the
+// directory given (fuzz/corpus in the tree), each file a real input made by
+// the library's own encoders: handles minted by a real Manager, hellos and
+// ibverbs frames from the senders in common/hello.cc and
+// backends/ibverbs/handshake.cc, tcp requests captured from a real
+// tcp::Peer and the replies a real tcp::ServerConnection gives them.
+//
+//   build-fuzz/fuzz/make_corpus fuzz/corpus
+//
+// Replaces what each target's directory held. Handles carry random ids,
+// tokens and ports, so the files differ from run to run; any run's are fine.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/ibverbs/handle_context.h"
+#include "common/buffer_access.h"
+#include "common/hello.h"
+#include "fuzz/fuzz_support.h"
+#include "rdmabuf/rdmabuf.h"
+#if RDMABUF_HAVE_IBVERBS
+#include "backends/ibverbs/handshake.h"
+#endif
+
+namespace rdmabuf::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CorpusWriter {
+ public:
+  explicit CorpusWriter(fs::path root) : root_(std::move(root)) {}
+
+  // Empties (or creates) the directory of `target`; later writes go there.
+  void start(const std::string& target) {
+    dir_ = root_ / target;
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+
+  void write(const std::string& name, std::span<const uint8_t> bytes) {
+    std::ofstream out(dir_ / name, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+    RDMABUF_FUZZ_CHECK(out.good());
+    std::printf("%s: %zu bytes\n", (dir_ / name).c_str(), bytes.size());
+  }
+  void write(const std::string& name, std::string_view text) {
+    write(name,
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  }
+
+ private:
+  fs::path root_;
+  fs::path dir_;
+};
+
+// What `send` wrote, given one end of a socket pair.
+std::vector<uint8_t> captured(const std::function<Status(int)>& send) {
+  SocketPair pair = socket_pair();
+  send(pair.local.get()).ignore();  // a hello's sender then times out waiting for a reply
+  return take_available(pair.remote.get());
+}
+
+std::vector<uint8_t> joined(std::initializer_list<std::vector<uint8_t>> parts) {
+  std::vector<uint8_t> out;
+  for (const auto& p : parts)
+    out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+template <typename T>
+void poke(std::vector<uint8_t>& bytes, size_t at, T value) {
+  std::memcpy(bytes.data() + at, &value, sizeof value);
+}
+
+// --- fuzz_handle and fuzz_contexts --------------------------------------------
+
+RemoteBuffer minted(const Config& config, size_t size) {
+  auto manager = Manager::create(config);
+  RDMABUF_FUZZ_CHECK(manager.ok());
+  auto memory = LocalMemory::allocate(size);
+  RDMABUF_FUZZ_CHECK(memory.ok());
+  auto handle = (*manager)->register_buffer(*memory);
+  RDMABUF_FUZZ_CHECK(handle.ok());
+  return *handle;  // decoded handles outlive their manager
+}
+
+void write_handles_and_contexts(CorpusWriter& out) {
+  RemoteBuffer every = minted(Config{}, 4 << 20);
+  Config tcp_only;
+  tcp_only.backends = {"tcp"};
+  RemoteBuffer tcp = minted(tcp_only, 4096);
+  auto slice = every.slice(1000, 8);
+  RDMABUF_FUZZ_CHECK(slice.ok());
+
+  ibverbs::HandleContext rdma{"mlx5_0", 0x7f3a12345000, 0x1234};
+  detail::RemoteBufferFields fields;
+  fields.id = 42;
+  fields.region_size = 1 << 20;
+  fields.token.fill(0x5c);
+  fields.owner = PeerIdentity{0x1a2b3c4d5e6f7081, "[fd00::1]:40000",
+                              "0b5e2a61-8a8f-4c2e-9d55-0f6c1c1a3e11", 4321};
+  fields.contexts = {{"ibverbs", ibverbs::encode_context(rdma)}, {"tcp", {}}};
+  auto ipv6_rdma = detail::RemoteBufferAccess::make(fields);
+  RDMABUF_FUZZ_CHECK(ipv6_rdma.ok());
+
+  out.start("fuzz_handle");
+  out.write("manager_every_backend.bin", every.to_bytes());
+  out.write("manager_every_backend.txt", every.to_text());
+  out.write("manager_tcp.bin", tcp.to_bytes());
+  out.write("manager_tcp.txt", tcp.to_text() + "\n");
+  out.write("slice.bin", slice->to_bytes());
+  out.write("ipv6_ibverbs_tcp.bin", ipv6_rdma->to_bytes());
+  out.write("ipv6_ibverbs_tcp.txt", ipv6_rdma->to_text());
+
+  out.start("fuzz_contexts");
+  if (const BackendContext* memory = every.context("memory")) {
+    out.write("memory_from_manager.bin", memory->data);
+  }
+  out.write("ibverbs_mlx5_0.bin", ibverbs::encode_context(rdma));
+  out.write("ibverbs_rxe0.bin", ibverbs::encode_context({"rxe0", 0x55d0c0de0000, 0xabcd}));
+}
+
+// --- fuzz_hello -------------------------------------------------------------
+
+void write_hellos(CorpusWriter& out) {
+  out.start("fuzz_hello");
+  auto hello = [](Channel channel, uint64_t expected) {
+    return captured([&](int fd) {
+      return exchange_hello(fd, Hello{channel, kReaderId, expected}, Clock::now()).status();
+    });
+  };
+  out.write("hello_tcp_data.bin", hello(Channel::kTcpData, kOwnerId));
+  out.write("hello_ibverbs.bin", hello(Channel::kIbverbs, kOwnerId));
+  out.write("hello_any_owner.bin", hello(Channel::kControl, 0));
+  auto reply = [](const Status& status) {
+    return captured([&](int fd) { return send_hello_reply(fd, kOwnerId, status, Clock::now()); });
+  };
+  out.write("reply_ok.bin", reply(Status::Ok()));
+  out.write("reply_not_found.bin",
+            reply(NotFound("the buffer's owner (manager 0123456789abcdef) is gone")));
+  out.write("reply_exhausted.bin", reply(ResourceExhausted("the owner has 1024 connections open")));
+}
+
+// --- fuzz_ibverbs_frames ----------------------------------------------------
+
+#if RDMABUF_HAVE_IBVERBS
+void write_ibverbs_frames(CorpusWriter& out) {
+  ibverbs::Endpoint endpoint;
+  endpoint.qpn = 0x11;
+  endpoint.psn = 0x123456;
+  const uint8_t gid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1};
+  std::memcpy(endpoint.gid.raw, gid, sizeof gid);
+  endpoint.mtu = IBV_MTU_1024;
+  Token token;
+  token.fill(0xa1);
+
+  out.start("fuzz_ibverbs_frames");
+  auto connect = captured(
+      [&](int fd) { return ibverbs::send_connect(fd, "rxe0", endpoint, Clock::now(), -1); });
+  auto query = [&](uint64_t id, uint64_t size) {
+    return captured(
+        [&](int fd) { return ibverbs::send_query(fd, id, token, size, Clock::now(), -1); });
+  };
+  out.write("owner_connect_queries.bin", joined({connect, query(1, 32 << 10), query(2, 256)}));
+  auto accepted = captured(
+      [&](int fd) { return ibverbs::send_accepted(fd, Status::Ok(), endpoint, Clock::now(), -1); });
+  auto answer = [&](uint64_t id, StatusCode code) {
+    return captured([&](int fd) { return ibverbs::send_answer(fd, id, code, -1); });
+  };
+  out.write("reader_accepted_answers.bin",
+            joined({accepted, answer(1, StatusCode::kOk), answer(7, StatusCode::kNotFound)}));
+  out.write("reader_refused.bin", captured([&](int fd) {
+              return ibverbs::send_accepted(
+                  fd, FailedPrecondition("this owner has no RDMA device 'mlx5_1' (it uses rxe0)"),
+                  ibverbs::Endpoint{}, Clock::now(), -1);
+            }));
+}
+#endif
+
+// --- fuzz_tcp_server and fuzz_tcp_client --------------------------------------
+
+// The requests a real reader sends for `plan`.
+std::vector<uint8_t> requests_for(const ReaderPlan& plan) {
+  ReaderOutcome outcome = run_reader(plan, {}, request_bytes(plan));
+  RDMABUF_FUZZ_CHECK(outcome.requests.size() == request_bytes(plan));
+  return outcome.requests;
+}
+
+void write_tcp_frames(CorpusWriter& out) {
+  using Op = ReaderPlan::PlannedOp;
+  struct Named {
+    std::string name;
+    ReaderPlan plan;
+  };
+  const std::vector<Named> plans = {
+      {"reads_4k_chunks", ReaderPlan{{Op{false, 100}, Op{false, 20000}}, 4 << 10}},
+      {"write_then_read", ReaderPlan{{Op{true, 4097}, Op{false, 100}}, 64 << 10}},
+      {"large_read_and_write", ReaderPlan{{Op{true, 16384}, Op{false, 32768}}, 64 << 10}},
+      {"four_small_ops",
+       ReaderPlan{{Op{false, 1}, Op{true, 8}, Op{false, 4096}, Op{true, 2}}, 4 << 10}},
+      // A large read (its payload sent from the buffer after the batch) and
+      // a write to the same bytes, in one batch: the read must not see it.
+      {"read_then_write_same_bytes", ReaderPlan{{Op{false, 20000}, Op{true, 8}}, 64 << 10}},
+  };
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> servers, clients;
+  for (const Named& n : plans) {
+    std::vector<uint8_t> requests = requests_for(n.plan);
+    servers.emplace_back(n.name + ".bin", requests);
+    clients.emplace_back(n.name + ".bin", joined({n.plan.encode(), serve_requests(requests)}));
+  }
+  // Refusals: the first request of the first plan with a wrong token, then
+  // aimed at buffer 2 beyond its end, then at an unknown buffer.
+  std::vector<uint8_t> refused = requests_for(plans[0].plan);
+  refused[24] ^= 1;
+  poke<uint64_t>(refused, 64 + 16, 2);  // the second request: buffer 2 ...
+  std::memset(refused.data() + 64 + 24, 0xb2, 16);
+  poke<uint64_t>(refused, 64 + 40, 256);  // ... of 256 B, at offset 0, for 4096 B
+  poke<uint64_t>(refused, 128 + 16, 99);  // the third: an unknown buffer
+  servers.emplace_back("refusals.bin", refused);
+  clients.emplace_back("refusals.bin", joined({plans[0].plan.encode(), serve_requests(refused)}));
+
+  out.start("fuzz_tcp_server");
+  for (const auto& [name, bytes] : servers)
+    out.write(name, bytes);
+  out.start("fuzz_tcp_client");
+  for (const auto& [name, bytes] : clients)
+    out.write(name, bytes);
+}
+
+// --- fuzz_config --------------------------------------------------------------
+
+void write_config(CorpusWriter& out) {
+  out.start("fuzz_config");
+  // The first byte picks the variable (fuzz_config.cc's list); the rest is its value.
+  const std::pair<uint8_t, std::string_view> values[] = {
+      {0, "127.0.0.1:0"}, {1, "10.0.0.7"}, {2, "tcp,memory"}, {3, "yes"},    {4, "4"},
+      {5, "1M"},          {6, "mlx5_0"},   {7, "-1"},         {8, "64K"},    {9, "200"},
+      {10, "30000"},      {11, "30000"},   {12, "1024"},      {13, "debug"},
+  };
+  for (const auto& [index, value] : values) {
+    std::string input(1, static_cast<char>(index));
+    input += value;
+    out.write("env_" + std::to_string(index) + ".txt", input);
+  }
+  out.write("size.txt", "64K");
+  out.write("address_v6.txt", "[::1]:40000");
+}
+
+}  // namespace
+}  // namespace rdmabuf::fuzz
+
+int main(int argc, char** argv) {
+  using namespace rdmabuf::fuzz;
+  CorpusWriter out(argc > 1 ? argv[1] : "fuzz/corpus");
+  write_handles_and_contexts(out);
+  write_hellos(out);
+#if RDMABUF_HAVE_IBVERBS
+  write_ibverbs_frames(out);
+#endif
+  write_tcp_frames(out);
+  write_config(out);
+  return 0;
+}
