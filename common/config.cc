@@ -11,20 +11,6 @@ namespace {
 constexpr size_t kMinChunk = 4096;
 constexpr size_t kMaxChunk = size_t{1} << 30;
 
-const char* log_level_name(LogLevel level) {
-  switch (level) {
-    case LogLevel::kError:
-      return "error";
-    case LogLevel::kWarn:
-      return "warn";
-    case LogLevel::kInfo:
-      return "info";
-    case LogLevel::kDebug:
-      return "debug";
-  }
-  return "?";
-}
-
 std::optional<LogLevel> parse_log_level(std::string_view text) {
   text = trim(text);
   if (text == "error") return LogLevel::kError;
@@ -39,6 +25,20 @@ Status bad_env(const char* name, const char* value, std::string_view expected) {
 }
 
 }  // namespace
+
+const char* log_level_name(LogLevel level) {
+  switch (level) {
+    case LogLevel::kError:
+      return "error";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kDebug:
+      return "debug";
+  }
+  return "?";
+}
 
 Result<size_t> parse_size(std::string_view text) {
   text = trim(text);

@@ -13,6 +13,8 @@
 namespace rdmabuf {
 
 enum class LogLevel : uint8_t { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
+// "error", "warn", "info" or "debug": the spelling RDMABUF_LOG_LEVEL takes.
+const char* log_level_name(LogLevel level);
 
 struct Config {
   // RDMABUF_LISTEN. Where the manager's control listener binds, "HOST:PORT".

@@ -15,20 +15,6 @@ namespace {
 // --- Config <-> dict -------------------------------------------------------------
 // Keys are the RDMABUF_* variable names, lower-cased, without the prefix.
 
-const char* log_level_name(LogLevel level) {
-  switch (level) {
-    case LogLevel::kError:
-      return "error";
-    case LogLevel::kWarn:
-      return "warn";
-    case LogLevel::kInfo:
-      return "info";
-    case LogLevel::kDebug:
-      return "debug";
-  }
-  return "warn";
-}
-
 py::dict config_to_dict(const Config& c) {
   py::dict d;
   d["listen"] = c.listen_address;
