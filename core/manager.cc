@@ -66,6 +66,9 @@ class ManagerImpl final : public OpRouter {
   // was handed to it.
   Result<Route> choose_route(const Op& op, size_t first_slot = 0, std::string_view refused_by = {},
                              const Status& refused = {});
+  // Hands each slot's ops (indices into `transfer`) to its backend.
+  void dispatch(const std::shared_ptr<TransferState>& transfer,
+                const std::vector<std::vector<uint32_t>>& per_slot);
   void log_note_once(const RemoteBuffer& remote, std::string_view backend, const std::string& note);
 
   Config config_;
@@ -403,11 +406,7 @@ Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds time
     state->set_route(i, slots_[route.slot].factory->name, route.note);
     per_slot[route.slot].push_back(static_cast<uint32_t>(i));
   }
-  // Slowest transport first: a backend that copies inside submit (memory)
-  // must not hold up ops that wait on a network.
-  for (size_t s = slots_.size(); s-- > 0;) {
-    if (!per_slot[s].empty()) slots_[s].backend->submit(state, per_slot[s]);
-  }
+  dispatch(state, per_slot);
   return Transfer(state);
 }
 
@@ -430,6 +429,13 @@ void ManagerImpl::reroute(const std::shared_ptr<TransferState>& transfer,
     transfer->expect_parts(i, 1);  // the new backend may cut it differently
     per_slot[chosen->slot].push_back(i);
   }
+  dispatch(transfer, per_slot);
+}
+
+void ManagerImpl::dispatch(const std::shared_ptr<TransferState>& transfer,
+                           const std::vector<std::vector<uint32_t>>& per_slot) {
+  // Slowest transport first: a backend that copies inside submit (memory)
+  // must not hold up ops that wait on a network.
   for (size_t s = slots_.size(); s-- > 0;) {
     if (!per_slot[s].empty()) slots_[s].backend->submit(transfer, per_slot[s]);
   }
