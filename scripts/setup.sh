@@ -16,11 +16,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build_dir=${RDMABUF_BUILD_DIR:-build}
 
 # Build: cmake ninja-build g++ make pkg-config; tests: googletest libgtest-dev;
-# format check: clang-format; benchmark peers: iperf3 qperf; the ibverbs
+# format check: clang-format; benchmark peers: iperf3 qperf ucx-utils; the ibverbs
 # backend's header (it loads libibverbs at run time): libibverbs-dev; the Python
 # package (python/) and its tests: pybind11-dev python3-dev python3-numpy
 # python3-torch python3-pytest, for Debian's /usr/bin/python3.
 packages=(cmake ninja-build g++ make pkg-config googletest libgtest-dev clang-format iperf3 qperf
+  ucx-utils
   libibverbs-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest)
 

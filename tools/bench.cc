@@ -24,6 +24,7 @@
 #include "tools/bench_peers.h"
 #include "tools/commands.h"
 #include "tools/pattern.h"
+#include "tools/progress.h"
 #include "tools/subprocess.h"
 
 namespace rdmabuf::tool {
@@ -31,6 +32,14 @@ namespace {
 
 constexpr auto kOpTimeout = std::chrono::seconds(60);
 constexpr int kWarmupReps = 2;
+// A stride that puts every op of a batch on the same range, [0, size).
+constexpr uint64_t kOneRange = ~uint64_t{0};
+
+// How the ops of a bandwidth row lie in memory: "spread" over a --window of
+// distinct ranges (data that is not in any cache, as a user's usually is
+// not), or "one-range": all on the same range, the shape iperf3, qperf,
+// ucx_perftest and perftest measure (one buffer, reused).
+const std::vector<std::string> kLayouts = {"spread", "one-range"};
 
 struct Options {
   std::optional<std::string> backend;
@@ -41,7 +50,9 @@ struct Options {
   uint64_t window = 64 << 20;
   std::optional<std::string> connect;
   bool compare_peer = true;
+  std::vector<std::string> layouts = {"spread"};
   bool json = false;
+  bool quiet = false;  // no progress on stderr
 };
 
 // One row: an rdmabuf measurement and, when one ran, its peer's figure for
@@ -56,8 +67,9 @@ struct Sample {
   double p99_us = 0;
   double ops_per_s = 0;
   size_t reps = 0;
-  std::string kind;  // "setup", "latency", "rate", "bandwidth", "single"
-  std::string peer;  // e.g. "iperf3 -P 2", "memcpy", "ucx posix ucp_get"
+  std::string kind;    // "setup", "latency", "rate", "bandwidth", "single"
+  std::string layout;  // for bandwidth rows: "spread" or "one-range"
+  std::string peer;    // e.g. "iperf3 -P 2", "memcpy", "ucx posix ucp_get"
   double peer_gbps = 0;
   double peer_p50_us = 0;  // for latency rows: the peer's median round trip
 };
@@ -84,30 +96,11 @@ double median(const std::vector<double>& v) {
   return percentile(v, 50);
 }
 
-class Progress {
- public:
-  explicit Progress(int total) : total_(total), tty_(isatty(STDERR_FILENO)) {}
-  void step(const std::string& what) {
-    ++done_;
-    std::fprintf(stderr, "%s[%2d/%d] %-60s%s", tty_ ? "\r" : "", done_, total_, what.c_str(),
-                 tty_ ? "" : "\n");
-    std::fflush(stderr);
-  }
-  void finish() {
-    if (tty_) std::fprintf(stderr, "\r%80s\r", "");
-  }
-
- private:
-  int total_;
-  int done_ = 0;
-  bool tty_;
-};
-
 Result<Options> parse_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(Args args, parse_args(argc, argv, 2,
                                                  {"backend", "sizes", "batch", "streams", "iters",
-                                                  "window", "connect", "peer"},
-                                                 {"json"}));
+                                                  "window", "connect", "peer", "layouts"},
+                                                 {"json", "quiet"}));
   if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
   Options o;
   o.backend = args.get("backend");
@@ -129,10 +122,18 @@ Result<Options> parse_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(o.window, args.size("window", 64 << 20));
   if (o.window == 0) return InvalidArgument("--window must be > 0");
   o.connect = args.get("connect");
+  if (args.has("layouts")) o.layouts = split_list(*args.get("layouts"));
+  if (o.layouts.empty()) return InvalidArgument("--layouts is empty");
+  for (const std::string& layout : o.layouts) {
+    if (std::find(kLayouts.begin(), kLayouts.end(), layout) == kLayouts.end()) {
+      return InvalidArgument("--layouts: '" + layout + "' is not spread or one-range");
+    }
+  }
   std::string peer = args.get("peer").value_or("auto");
   if (peer != "auto" && peer != "none") return InvalidArgument("--peer must be auto or none");
   o.compare_peer = peer == "auto";
   o.json = args.flags.count("json") > 0;
+  o.quiet = args.flags.count("quiet") > 0;
   return o;
 }
 
@@ -151,13 +152,13 @@ class Bench {
   // Submits `batch` ops of `size` and waits; returns microseconds. Op j
   // covers [j * stride, + size) on both sides; stride == size lays the ops
   // end to end (a backend may then merge them), a larger stride keeps them
-  // apart.
+  // apart, kOneRange puts them all on [0, size).
   Result<double> run_batch(OpKind kind, uint64_t size, uint64_t batch, uint64_t stride = 0) {
     if (stride == 0) stride = size;
     std::vector<Op> ops;
     ops.reserve(batch);
     for (uint64_t j = 0; j < batch; ++j) {
-      uint64_t offset = (j * stride) % (remote_.size() - size + 1);
+      uint64_t offset = stride == kOneRange ? 0 : (j * stride) % (remote_.size() - size + 1);
       RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer r, remote_.slice(offset, size));
       // A slice shares the buffer's keepalive, as a user's should: backends
       // that register memory with a NIC cache the registration by it.
@@ -187,7 +188,8 @@ class Bench {
                            const char* row_kind = "bandwidth", uint64_t stride = 0) {
     uint64_t batch = std::clamp<uint64_t>(window / size, 1, 1024);
     batch = std::min<uint64_t>(batch, std::max<uint64_t>(1, local_.size() / size));
-    const uint64_t span = (batch - 1) * (stride ? stride : size) + size;
+    if (stride == 0) stride = size;
+    const uint64_t span = stride == kOneRange ? size : (batch - 1) * stride + size;
     if (kind == OpKind::kWriteFromLocal && verify_) fill_seq(local_.span().first(span), 0);
     std::vector<double> gbps, us;
     for (int r = 0; r < kWarmupReps + reps; ++r) {
@@ -197,8 +199,8 @@ class Bench {
       gbps.push_back(static_cast<double>(size * batch) / (t * 1e3));
     }
     if (kind == OpKind::kReadIntoLocal) {
-      for (uint64_t j = 0; j < batch; ++j) {
-        RDMABUF_RETURN_IF_ERROR(verify(j * (stride ? stride : size), size));
+      for (uint64_t j = 0; j < (stride == kOneRange ? 1 : batch); ++j) {
+        RDMABUF_RETURN_IF_ERROR(verify(j * stride, size));
       }
     }
     Sample s;
@@ -211,6 +213,7 @@ class Bench {
     s.ops_per_s = static_cast<double>(batch) * 1e6 / s.p50_us;
     s.reps = static_cast<size_t>(reps);
     s.kind = row_kind;
+    if (s.kind == "bandwidth") s.layout = stride == kOneRange ? "one-range" : "spread";
     return s;
   }
 
@@ -257,6 +260,7 @@ std::string json_line(const std::string& backend, int streams, const Sample& s) 
                 static_cast<unsigned long long>(s.size), static_cast<unsigned long long>(s.batch),
                 streams, s.gbps, s.p50_us, s.p99_us, s.ops_per_s, s.reps);
   std::string line = buf;
+  if (!s.layout.empty()) line += ",\"layout\":\"" + s.layout + "\"";
   if (s.peer_gbps > 0) {
     std::snprintf(buf, sizeof buf, ",\"peer\":\"%s\",\"peer_gbps\":%.4f,\"ratio\":%.3f",
                   s.peer.c_str(), s.peer_gbps, s.gbps / s.peer_gbps);
@@ -285,6 +289,9 @@ std::string human_rate(double ops) {
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--compare") == 0) return cmd_bench_compare(argc, argv);
+  }
   auto parsed = parse_options(argc, argv);
   if (!parsed.ok()) return fail(parsed.status());
   Options o = *parsed;
@@ -322,6 +329,7 @@ int cmd_bench(int argc, char** argv) {
         {max_size, o.window, uint64_t{1} << 20, static_cast<uint64_t>(o.batch) * 128});
     Child::Options options;
     options.env.emplace_back("RDMABUF_BACKENDS", backend);
+    options.quiet_stderr = o.quiet;
     auto child = Child::spawn(
         {"/proc/self/exe", "serve", "--size", std::to_string(peer_size), "--pattern", "seq"},
         options);
@@ -399,9 +407,10 @@ int cmd_bench(int argc, char** argv) {
   for (uint64_t size : o.sizes) {
     if (run_ucx && (size == (4u << 20) || size == (64u << 20))) single_sizes.push_back(size);
   }
-  int total =
-      4 + 2 + 2 * static_cast<int>(o.sizes.size() + single_sizes.size()) + (run_iperf ? 3 : 0);
-  Progress progress(total);
+  int total = 4 + 2 +
+              2 * static_cast<int>(o.sizes.size() * o.layouts.size() + single_sizes.size()) +
+              (run_iperf ? 3 : 0);
+  Progress progress(total, o.quiet);
   std::vector<Sample> results;
   std::vector<double> iperf;
   auto iperf_once = [&] {
@@ -444,29 +453,34 @@ int cmd_bench(int argc, char** argv) {
     if (!st.ok()) return fail(st);
   }
   if (run_iperf) iperf_once();
-  for (size_t i = 0; i < o.sizes.size(); ++i) {
-    if (run_iperf && i == o.sizes.size() / 2) iperf_once();
-    for (OpKind kind : {OpKind::kReadIntoLocal, OpKind::kWriteFromLocal}) {
-      progress.step(std::string("bandwidth: ") + op_kind_name(kind) + " " +
-                    format_bytes(o.sizes[i]));
-      st = record(bench.bandwidth(kind, o.sizes[i], o.window, o.iters));
-      if (!st.ok()) return fail(st);
-      Sample& s = results.back();
-      if (run_memcpy) {
-        s.peer = "memcpy";
-        s.peer_gbps = measure_memcpy(s.size, s.batch, o.iters);
-      }
-      if (perftest_peer) {
-        const char* test = kind == OpKind::kReadIntoLocal ? "ib_read_bw" : "ib_write_bw";
-        const int iterations =
-            static_cast<int>(std::clamp<uint64_t>((16u << 20) / s.size, 20, 1000));
-        auto bw = run_perftest(test, ib_device, ib_gid, s.size, iterations);
-        if (bw.ok()) {
-          s.peer = std::string("perftest ") + test;
-          s.peer_gbps = *bw;
-        } else {
-          std::fprintf(stderr, "\nrdmabuf bench: %s failed: %s\n", test,
-                       bw.status().to_string().c_str());
+  for (size_t l = 0; l < o.layouts.size(); ++l) {
+    const bool one_range = o.layouts[l] == "one-range";
+    for (size_t i = 0; i < o.sizes.size(); ++i) {
+      if (run_iperf && l == 0 && i == o.sizes.size() / 2) iperf_once();
+      for (OpKind kind : {OpKind::kReadIntoLocal, OpKind::kWriteFromLocal}) {
+        progress.step(std::string("bandwidth: ") + op_kind_name(kind) + " " +
+                      format_bytes(o.sizes[i]) + ", " + o.layouts[l]);
+        st = record(bench.bandwidth(kind, o.sizes[i], o.window, o.iters, "bandwidth",
+                                    one_range ? kOneRange : 0));
+        if (!st.ok()) return fail(st);
+        Sample& s = results.back();
+        if (run_memcpy) {
+          s.peer = "memcpy";
+          s.peer_gbps = measure_memcpy(s.size, s.batch, o.iters, one_range);
+        }
+        // perftest reuses one buffer: beside the first layout only, once.
+        if (perftest_peer && l == 0) {
+          const char* test = kind == OpKind::kReadIntoLocal ? "ib_read_bw" : "ib_write_bw";
+          const int iterations =
+              static_cast<int>(std::clamp<uint64_t>((16u << 20) / s.size, 20, 1000));
+          auto bw = run_perftest(test, ib_device, ib_gid, s.size, iterations);
+          if (bw.ok()) {
+            s.peer = std::string("perftest ") + test;
+            s.peer_gbps = *bw;
+          } else {
+            std::fprintf(stderr, "\nrdmabuf bench: %s failed: %s\n", test,
+                         bw.status().to_string().c_str());
+          }
         }
       }
     }
@@ -483,7 +497,7 @@ int cmd_bench(int argc, char** argv) {
       auto ucx = run_ucx_perftest(test, size, iterations, "posix,sysv,self");
       if (ucx.ok()) {
         results.back().peer = std::string("ucx posix ") + test;
-        results.back().peer_gbps = *ucx;
+        results.back().peer_gbps = ucx->gbps;
       } else {
         std::fprintf(stderr, "\nrdmabuf bench: ucx_perftest failed: %s\n",
                      ucx.status().to_string().c_str());
@@ -521,12 +535,16 @@ int cmd_bench(int argc, char** argv) {
       setup[2].p50_us, format_bytes(max_size).c_str(), setup[0].p50_us, setup[1].p50_us);
   std::string last_kind;
   for (const Sample& s : results) {
-    if (s.kind != last_kind) {
-      last_kind = s.kind;
+    if (s.kind + s.layout != last_kind) {
+      last_kind = s.kind + s.layout;
       if (s.kind == "latency") std::printf("\nsingle round trips (submit, then wait):\n");
       if (s.kind == "rate") std::printf("\nsmall ops, --batch at a time:\n");
-      if (s.kind == "bandwidth") {
-        std::printf("\nbandwidth, --window (%s) of ops per repetition:\n",
+      if (s.layout == "spread") {
+        std::printf("\nbandwidth, --window (%s) of ops on distinct ranges per repetition:\n",
+                    format_bytes(o.window).c_str());
+      }
+      if (s.layout == "one-range") {
+        std::printf("\nbandwidth, --window (%s) of ops on one range per repetition:\n",
                     format_bytes(o.window).c_str());
       }
       if (s.kind == "single") {

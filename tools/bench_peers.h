@@ -1,24 +1,47 @@
 // The systems rdmabuf bench measures beside rdmabuf, in the same run
-// (BENCHMARKS.md): iperf3 for raw TCP, ucx_perftest over shared memory,
-// and a plain memcpy for the memory-copy limit.
+// (BENCHMARKS.md): iperf3 and qperf for raw TCP, ucx_perftest over TCP and
+// shared memory, perftest on an RDMA device, and a plain memcpy for the
+// memory-copy limit. Each runner starts the tool's server and client on
+// loopback and returns the client's figure; each parser takes the client's
+// whole output and fails with kInternal, saying what it expected, when the
+// output is not what that tool prints.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "rdmabuf/status.h"
 
 namespace rdmabuf::tool {
 
-// iperf3 on loopback with `streams` parallel streams for `seconds`: GB/s
-// received (1e9 bytes per second).
-Result<double> run_iperf3(int streams, int seconds);
+// What ucx_perftest's "Final:" line reports.
+struct UcxFigure {
+  double p50_us = 0;     // the median time of one iteration
+  double gbps = 0;       // overall bandwidth, 1e9 bytes per second
+  double ops_per_s = 0;  // overall message rate
+};
 
-// ucx_perftest test `test` ("ucp_get", "ucp_put_bw") of `size` bytes,
-// `iterations` times, between two processes on this host with UCX_TLS
-// `transports` (e.g. "posix,sysv,self"): GB/s overall.
-Result<double> run_ucx_perftest(const std::string& test, uint64_t size, int iterations,
-                                const std::string& transports);
+// iperf3 on loopback with `streams` parallel streams for `seconds`, each
+// write and read of `length` bytes (0: iperf3's default; at most
+// kIperf3MaxLength): GB/s received (1e9 bytes per second).
+constexpr uint64_t kIperf3MaxLength = 1 << 20;
+Result<double> run_iperf3(int streams, int seconds, uint64_t length = 0);
+Result<double> parse_iperf3_json(const std::string& output);
+
+// qperf's "tcp_bw" (GB/s) or "tcp_lat" (one-way latency in microseconds,
+// half a round trip, as qperf reports it) with messages of `size` bytes,
+// for `seconds`.
+Result<double> run_qperf(const std::string& test, uint64_t size, int seconds);
+// `output` of a qperf client run with -uu (bytes/sec, ns).
+Result<double> parse_qperf(const std::string& test, const std::string& output);
+
+// ucx_perftest test `test` ("ucp_get", "ucp_put_bw", "ucp_put_lat") of
+// `size` bytes, `iterations` times, between two processes on this host with
+// UCX_TLS `transports` (e.g. "posix,sysv,self" or "tcp,self").
+Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int iterations,
+                                   const std::string& transports);
+Result<UcxFigure> parse_ucx_perftest(const std::string& output);
 
 // perftest's `test` ("ib_read_bw", "ib_write_bw", "ib_read_lat") of `size`
 // bytes, `iterations` times, between two processes on `device` (with GID
@@ -26,9 +49,12 @@ Result<double> run_ucx_perftest(const std::string& test, uint64_t size, int iter
 // latency in microseconds for ib_read_lat.
 Result<double> run_perftest(const std::string& test, const std::string& device, int gid_index,
                             uint64_t size, int iterations);
+// `output` of a perftest client; bandwidth tests run with --report_gbits.
+Result<double> parse_perftest(const std::string& test, const std::string& output);
 
 // memcpy of `batch` ranges of `size` bytes laid out as the bench lays out
-// its ops (range j at j * size), `reps` times after warm-up: median GB/s.
-double measure_memcpy(uint64_t size, uint64_t batch, int reps);
+// its ops (range j at j * size; with `one_range`, all at 0), `reps` times
+// after warm-up: median GB/s. 0 when the buffers cannot be mapped.
+double measure_memcpy(uint64_t size, uint64_t batch, int reps, bool one_range = false);
 
 }  // namespace rdmabuf::tool
