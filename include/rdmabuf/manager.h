@@ -21,6 +21,8 @@
 namespace rdmabuf {
 
 class ManagerImpl;
+class Endpoint;
+class EndpointListener;
 
 // Thread safety: every method may be called from any thread, concurrently.
 // Destroying the manager shuts it down (see shutdown()).
@@ -89,6 +91,16 @@ class Manager {
                    std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   Status write_from(const RemoteBuffer& dst, const LocalMemory& src,
                     std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // Endpoints (rdmabuf/endpoint.h): two-sided messages with another
+  // manager. listen() binds "HOST:PORT" (port 0: any) for peers to
+  // connect() to; kInvalidArgument for a malformed address, kUnavailable
+  // when it cannot be bound or reached, kDeadlineExceeded, kProtocolError
+  // when the other side is not an rdmabuf endpoint. This manager must
+  // outlive what they return.
+  Result<std::unique_ptr<EndpointListener>> listen(const std::string& address);
+  Result<std::unique_ptr<Endpoint>> connect(const std::string& address,
+                                            std::chrono::milliseconds timeout);
 
   // Stops serving and transferring: closes the listener and every
   // connection, fails in-flight ops with kCancelled, releases every buffer.

@@ -5,6 +5,7 @@
 #include "rdmabuf/backend.h"
 #include "rdmabuf/buffer.h"
 #include "rdmabuf/config.h"
+#include "rdmabuf/endpoint.h"
 #include "rdmabuf/manager.h"
 #include "rdmabuf/memory.h"
 #include "rdmabuf/op.h"

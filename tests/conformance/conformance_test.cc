@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/socket.h"
 #include "rdmabuf/rdmabuf.h"
 #include "tests/helpers/forge.h"
 #include "tests/helpers/pattern.h"
@@ -969,6 +970,158 @@ TEST_P(ConformanceTest, CallbacksFireOnceEachUnderLoadAndOnShutdown) {
   EXPECT_EQ(fired.load(), kTransfers);
   kept.clear();
   EXPECT_EQ(fired.load(), kTransfers) << "no callback fires twice";
+}
+
+// --- Endpoints: two-sided messages, their bytes moved by this backend ----------
+
+struct EndpointPair {
+  std::unique_ptr<Endpoint> receiver;  // on the owner's manager
+  std::unique_ptr<Endpoint> sender;    // on the reader's manager
+};
+
+EndpointPair connect_endpoints(Manager& receiving, Manager& sending) {
+  EndpointPair pair;
+  auto listener = receiving.listen("127.0.0.1:0");
+  EXPECT_TRUE(listener.ok()) << listener.status().to_string();
+  if (!listener.ok()) return pair;
+  auto connecting = std::async(std::launch::async,
+                               [&] { return sending.connect((*listener)->address(), kTimeout); });
+  auto accepted = (*listener)->accept(kTimeout);
+  auto connected = connecting.get();
+  EXPECT_TRUE(accepted.ok()) << accepted.status().to_string();
+  EXPECT_TRUE(connected.ok()) << connected.status().to_string();
+  if (accepted.ok()) pair.receiver = std::move(accepted).value();
+  if (connected.ok()) pair.sender = std::move(connected).value();
+  return pair;
+}
+
+TEST_P(ConformanceTest, EndpointMessagesKeepBoundariesAndOrder) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  const std::vector<size_t> sizes = {0, 1, 100, 4096, 4097, 256 << 10, 1 << 20, 3, 0, 65536};
+  auto receiving = std::async(std::launch::async, [&, &receiver = receiver] {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      LocalMemory into = with_sentinel(1 << 20);
+      auto size = receiver->receive(into, kTimeout);
+      if (!size.ok()) return "message " + std::to_string(i) + ": " + size.status().to_string();
+      if (*size != sizes[i]) {
+        return "message " + std::to_string(i) + " has " + std::to_string(*size) + " bytes, not " +
+               std::to_string(sizes[i]);
+      }
+      auto landed = into.span().first(*size);
+      if (auto bad = find_mismatch(landed, 100 + i)) {
+        return "message " + std::to_string(i) + " differs at byte " + std::to_string(*bad);
+      }
+      if (find_not(into.span().subspan(*size), kSentinel)) {
+        return "message " + std::to_string(i) + " wrote past its size";
+      }
+    }
+    return std::string();
+  });
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    LocalMemory message = sizes[i] ? with_pattern(sizes[i], 100 + i) : LocalMemory();
+    ASSERT_TRUE(sender->send(message, kTimeout).ok()) << "message " << i;
+  }
+  EXPECT_EQ(receiving.get(), "");
+}
+
+TEST_P(ConformanceTest, EndpointSendWaitsForTheReceiverToPostAReceive) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  LocalMemory message = with_pattern(4096, 7);
+  // Nobody receives: the send may not overrun the receiver, so it waits.
+  Status st = sender->send(message, 200ms);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  // A slow receiver: the send goes once it posts, not before.
+  auto posted_at = std::make_shared<std::atomic<int64_t>>(0);
+  auto receiving = std::async(std::launch::async, [&, &receiver = receiver] {
+    std::this_thread::sleep_for(300ms);
+    LocalMemory into = with_sentinel(4096);
+    posted_at->store(Clock::now().time_since_epoch().count());
+    auto size = receiver->receive(into, kTimeout);
+    return size.ok() && *size == 4096 && !find_mismatch(into.span(), 7);
+  });
+  ASSERT_TRUE(sender->send(message, kTimeout).ok());
+  const int64_t sent_at = Clock::now().time_since_epoch().count();
+  EXPECT_TRUE(receiving.get());
+  EXPECT_GE(sent_at, posted_at->load()) << "the send finished before any receive was posted";
+}
+
+TEST_P(ConformanceTest, EndpointOversizeMessageFailsBothSidesAndTruncatesNothing) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  LocalMemory into = with_sentinel(100);
+  auto receiving = std::async(
+      std::launch::async, [&, &receiver = receiver] { return receiver->receive(into, kTimeout); });
+  Status st = sender->send(with_pattern(101, 3), kTimeout);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  auto received = receiving.get();
+  EXPECT_EQ(received.status().code(), StatusCode::kInvalidArgument)
+      << received.status().to_string();
+  EXPECT_FALSE(find_not(into.span(), kSentinel)) << "a refused message wrote into the receive";
+  // The endpoint goes on: the next message that fits arrives.
+  auto next = std::async(std::launch::async, [&, &receiver = receiver] {
+    LocalMemory bigger = with_sentinel(200);
+    auto size = receiver->receive(bigger, kTimeout);
+    return size.ok() && *size == 101 && !find_mismatch(bigger.span().first(101), 3);
+  });
+  EXPECT_TRUE(sender->send(with_pattern(101, 3), kTimeout).ok());
+  EXPECT_TRUE(next.get());
+}
+
+TEST_P(ConformanceTest, EndpointReceiveThatTimesOutIsWithdrawnAndTheNextGetsTheMessage) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  LocalMemory abandoned = with_sentinel(4096);
+  auto gone = receiver->receive(abandoned, 100ms);
+  EXPECT_EQ(gone.status().code(), StatusCode::kDeadlineExceeded) << gone.status().to_string();
+  auto receiving = std::async(std::launch::async, [&, &receiver = receiver] {
+    LocalMemory into = with_sentinel(4096);
+    auto size = receiver->receive(into, kTimeout);
+    return size.ok() && *size == 4096 && !find_mismatch(into.span(), 9);
+  });
+  EXPECT_TRUE(sender->send(with_pattern(4096, 9), kTimeout).ok());
+  EXPECT_TRUE(receiving.get());
+  EXPECT_FALSE(find_not(abandoned.span(), kSentinel)) << "a withdrawn receive was written";
+}
+
+TEST_P(ConformanceTest, EndpointClosedByThePeerFailsWaitingCalls) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  auto receiving = std::async(std::launch::async, [&, &receiver = receiver] {
+    LocalMemory into = allocate(64);
+    return receiver->receive(into, kTimeout).status();
+  });
+  std::this_thread::sleep_for(50ms);
+  const auto start = Clock::now();
+  sender.reset();  // closes it
+  Status st = receiving.get();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_EQ(receiver->send(with_pattern(8, 1), kTimeout).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(receiver->receive(allocate(8), kTimeout).status().code(), StatusCode::kUnavailable);
+}
+
+TEST_P(ConformanceTest, EndpointRefusesWhatIsNotAnEndpoint) {
+  auto listener = owner_->listen("127.0.0.1:0");
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  auto where = parse_host_port((*listener)->address());
+  ASSERT_TRUE(where.ok());
+  // A client that sends junk instead of the greeting.
+  auto junk = std::async(std::launch::async, [&] {
+    auto fd = connect_tcp(*where, Clock::now() + kTimeout);
+    if (!fd.ok()) return;
+    const char bytes[] = "GET / HTTP/1.0\r\n\r\n";
+    send_exact(fd->get(), bytes, sizeof bytes, Clock::now() + kTimeout).ignore();
+    std::this_thread::sleep_for(500ms);
+  });
+  auto accepted = (*listener)->accept(kTimeout);
+  EXPECT_EQ(accepted.status().code(), StatusCode::kProtocolError) << accepted.status().to_string();
+  junk.get();
+  // And connect() to a manager's own listener, which speaks another protocol.
+  auto connected = reader_->connect(owner_->address(), 1s);
+  EXPECT_FALSE(connected.ok());
+  EXPECT_EQ(owner_->connect("no-colon", kTimeout).status().code(), StatusCode::kInvalidArgument);
 }
 
 std::string backend_name(const ::testing::TestParamInfo<std::string>& info) {
