@@ -116,6 +116,16 @@ Result<Config> Config::from_env() {
     if (!n) return bad_env("RDMABUF_MAX_CONNECTIONS", v, "an integer >= 1");
     c.max_connections = static_cast<int>(*n);
   }
+  if (const char* v = env("RDMABUF_LEND_LIMIT")) {
+    auto n = parse_size(v);
+    if (!n.ok()) return bad_env("RDMABUF_LEND_LIMIT", v, "a size such as 1G, or 0");
+    c.lend_limit = *n;
+  }
+  if (const char* v = env("RDMABUF_MAX_LEASE_MS")) {
+    auto n = parse_int(v, 1, int64_t{1} << 40);
+    if (!n) return bad_env("RDMABUF_MAX_LEASE_MS", v, "milliseconds > 0");
+    c.max_lease = std::chrono::milliseconds(*n);
+  }
   if (const char* v = env("RDMABUF_LOG_LEVEL")) {
     auto level = parse_log_level(v);
     if (!level) return bad_env("RDMABUF_LOG_LEVEL", v, "error, warn, info or debug");
@@ -156,6 +166,9 @@ Status Config::validate() const {
   if (max_connections < 1) {
     return InvalidArgument("max_connections (RDMABUF_MAX_CONNECTIONS) must be >= 1");
   }
+  if (max_lease.count() <= 0) {
+    return InvalidArgument("max_lease (RDMABUF_MAX_LEASE_MS) must be > 0");
+  }
   return Status::Ok();
 }
 
@@ -177,6 +190,8 @@ std::vector<std::pair<std::string, std::string>> Config::describe() const {
       {"default_timeout_ms", std::to_string(default_timeout.count())},
       {"io_stall_timeout_ms", std::to_string(io_stall_timeout.count())},
       {"max_connections", std::to_string(max_connections)},
+      {"lend_limit", format_bytes(lend_limit)},
+      {"max_lease_ms", std::to_string(max_lease.count())},
       {"log_level", log_level_name(log_level)},
   };
 }

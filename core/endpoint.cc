@@ -1,22 +1,25 @@
-// Endpoints (rdmabuf/endpoint.h): two-sided messages over a control
-// connection, the bytes moved by one-sided writes into memory the receiver
-// posted.
+// Endpoints (rdmabuf/endpoint.h): two-sided messages, handles, lent memory
+// and notifications over a control connection between two managers; the
+// bytes of large messages and of writes move by one-sided ops.
 //
 // The control connection carries frames: u32 payload length, u8 type, the
-// payload (little-endian). After the greeting each side may send:
-//   kPosted    u64 seq, u64 capacity, u16 n, n bytes of a RemoteBuffer:
-//              the receiver posted a receive (a credit for one message).
-//   kSent      u64 seq, u64 size: the message is in the buffer of `seq`.
-//   kTooLarge  u64 seq, u64 size: the message does not fit `seq`; both fail.
-//   kWithdrawn u64 seq: the receiver gave up on `seq` (its buffer is
-//              released already); the sender answers kSent if the message
-//              landed before that, or kNotTaken.
-//   kNotTaken  u64 seq: nothing was written into `seq`.
-// Each kPosted gets exactly one answer: kSent, kTooLarge or kNotTaken.
+// payload (little-endian). Both sides start with kHello. docs/wire-format.md
+// has every frame; in short:
+//   messages  kPosted (a receive: its seq, capacity and handle; a credit),
+//             answered by exactly one of kSent (the message is in the
+//             buffer), kSentInline (the message itself, when small),
+//             kTooLarge (it does not fit; both calls fail) or kNotTaken
+//             (nothing was written; after kWithdrawn, the receiver giving
+//             up on a receive whose buffer it released already).
+//   handles   kBuffer.
+//   lending   kLendRequest -> kLent; kRenew -> kRenewed.
+//   writes    kNotify, after the write of a tagged write completed.
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -25,6 +28,7 @@
 
 #include "common/socket.h"
 #include "common/wire.h"
+#include "core/notifications.h"
 #include "rdmabuf/endpoint.h"
 #include "rdmabuf/manager.h"
 
@@ -33,8 +37,14 @@ namespace {
 
 constexpr uint32_t kMagic = 0x50454252;  // "RBEP"
 constexpr uint16_t kVersion = 1;
-constexpr uint32_t kMaxPayload = 4096;  // a handle is far smaller
+// Messages up to this size travel inside the control frame (one frame, no
+// one-sided write): small messages cost one trip, not three.
+constexpr uint64_t kInlineLimit = 4096;
+constexpr uint32_t kMaxPayload = 8192;  // an inline message, or a handle
 constexpr size_t kHeaderSize = 5;
+// Handles passed (kBuffer) and not yet taken by receive_buffer: beyond this
+// the peer is flooding us and the endpoint is closed.
+constexpr size_t kMaxQueuedBuffers = 4096;
 // How long a withdrawn receive waits for the sender's answer before the
 // endpoint is closed (then nobody can tell whether the message landed).
 constexpr auto kWithdrawGrace = std::chrono::seconds(5);
@@ -48,31 +58,46 @@ enum class Frame : uint8_t {
   kTooLarge = 4,
   kWithdrawn = 5,
   kNotTaken = 6,
+  kSentInline = 7,
+  kNotify = 8,
+  kLendRequest = 9,
+  kLent = 10,
+  kRenew = 11,
+  kRenewed = 12,
+  kBuffer = 13,
 };
 
-std::vector<uint8_t> frame(Frame type, const std::vector<uint8_t>& payload) {
-  std::vector<uint8_t> out;
-  WireWriter w(out);
-  w.put<uint32_t>(static_cast<uint32_t>(payload.size()));
-  w.put<uint8_t>(static_cast<uint8_t>(type));
-  w.bytes(payload.data(), payload.size());
-  return out;
-}
+// Builds a frame: the header, then fields appended with the writer.
+class FrameBuilder {
+ public:
+  explicit FrameBuilder(Frame type) : w_(bytes_) {
+    w_.put<uint32_t>(0);  // the length, set by done()
+    w_.put<uint8_t>(static_cast<uint8_t>(type));
+  }
+  WireWriter& fields() { return w_; }
+  FrameBuilder& u64(uint64_t v) {
+    w_.put<uint64_t>(v);
+    return *this;
+  }
+  // A u16 length, then the bytes.
+  FrameBuilder& blob(std::span<const uint8_t> data) {
+    w_.put<uint16_t>(static_cast<uint16_t>(data.size()));
+    w_.bytes(data.data(), data.size());
+    return *this;
+  }
+  std::vector<uint8_t> done() {
+    uint32_t size = static_cast<uint32_t>(bytes_.size() - kHeaderSize);
+    std::memcpy(bytes_.data(), &size, sizeof size);
+    return std::move(bytes_);
+  }
 
-std::vector<uint8_t> seq_and(uint64_t seq, uint64_t value) {
-  std::vector<uint8_t> out;
-  WireWriter w(out);
-  w.put<uint64_t>(seq);
-  w.put<uint64_t>(value);
-  return out;
-}
+ private:
+  std::vector<uint8_t> bytes_;
+  WireWriter w_;
+};
 
-std::vector<uint8_t> hello_payload() {
-  std::vector<uint8_t> out;
-  WireWriter w(out);
-  w.put<uint32_t>(kMagic);
-  w.put<uint16_t>(kVersion);
-  return out;
+std::span<const uint8_t> text_bytes(const std::string& text) {
+  return {reinterpret_cast<const uint8_t*>(text.data()), std::min<size_t>(text.size(), 1024)};
 }
 
 // Reads one frame before `deadline`.
@@ -91,37 +116,53 @@ Status read_frame(int fd, Deadline deadline, int stop_fd, Frame& type,
   return recv_exact(fd, payload.data(), size, deadline, stop_fd);
 }
 
-// Both sides send a hello and check the other's.
-Status greet(int fd, Deadline deadline) {
-  auto hello = frame(Frame::kHello, hello_payload());
-  RDMABUF_RETURN_IF_ERROR(send_exact(fd, hello.data(), hello.size(), deadline));
+// Both sides send a hello and check the other's: the peer's manager id.
+Result<uint64_t> greet(int fd, uint64_t manager_id, Deadline deadline) {
+  FrameBuilder hello(Frame::kHello);
+  hello.fields().put<uint32_t>(kMagic);
+  hello.fields().put<uint16_t>(kVersion);
+  hello.u64(manager_id);
+  auto bytes = hello.done();
+  RDMABUF_RETURN_IF_ERROR(send_exact(fd, bytes.data(), bytes.size(), deadline));
   Frame type{};
   std::vector<uint8_t> payload;
   RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, -1, type, payload));
   WireReader r(payload);
   uint32_t magic = r.get<uint32_t>();
   uint16_t version = r.get<uint16_t>();
-  if (type != Frame::kHello || !r.ok() || r.remaining() != 0 || magic != kMagic) {
+  uint64_t peer_id = r.get<uint64_t>();
+  if (type != Frame::kHello || magic != kMagic) {
     return ProtocolError("the peer is not an rdmabuf endpoint");
   }
   if (version != kVersion) {
     return ProtocolError("endpoint protocol version " + std::to_string(version) +
                          " (this side speaks " + std::to_string(kVersion) + ")");
   }
-  return Status::Ok();
+  if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint hello");
+  return peer_id;
 }
 
 Deadline deadline_after(std::chrono::milliseconds timeout) {
   return Clock::now() + timeout;
 }
 
+std::chrono::milliseconds left_until(Deadline deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+}
+
 }  // namespace
 
 class EndpointImpl {
  public:
-  EndpointImpl(Manager& manager, Fd fd, std::string peer, Fd stop)
-      : manager_(manager), fd_(std::move(fd)), stop_(std::move(stop)), peer_(std::move(peer)) {
+  EndpointImpl(Manager& manager, Fd fd, std::string peer, uint64_t peer_manager_id, Fd stop)
+      : manager_(manager),
+        fd_(std::move(fd)),
+        stop_(std::move(stop)),
+        peer_(std::move(peer)),
+        peer_manager_id_(peer_manager_id) {
     reader_ = std::thread([this] { read_loop(); });
+    lease_keeper_ = std::thread([this] { keep_leases(); });
   }
 
   ~EndpointImpl() { close(Cancelled("the endpoint was closed")); }
@@ -129,16 +170,13 @@ class EndpointImpl {
   const std::string& peer() const { return peer_; }
 
   void close(const Status& why) {
-    {
-      std::lock_guard lock(mu_);
-      if (broken_.ok()) broken_ = why;
-    }
-    signal_eventfd(stop_.get());
-    ::shutdown(fd_.get(), SHUT_RDWR);  // the peer sees the end at once
-    cv_.notify_all();
+    break_with(why);
     std::lock_guard join(join_mu_);
     if (reader_.joinable()) reader_.join();
+    if (lease_keeper_.joinable()) lease_keeper_.join();
   }
+
+  // --- messages ---------------------------------------------------------------
 
   Status send(const LocalMemory& message, std::chrono::milliseconds timeout) {
     const Deadline deadline = deadline_after(timeout);
@@ -154,28 +192,29 @@ class EndpointImpl {
         credits_.pop_front();
         in_send_[credit.seq] = false;  // taken, not withdrawn
       }
-      if (message.size() > credit.capacity) {
+      const uint64_t size = message.size();
+      if (size > credit.capacity) {
         finish_send(credit.seq);
-        RDMABUF_RETURN_IF_ERROR(write_frame(Frame::kTooLarge, seq_and(credit.seq, message.size())));
-        return InvalidArgument("a message of " + std::to_string(message.size()) +
+        RDMABUF_RETURN_IF_ERROR(
+            write_frame(FrameBuilder(Frame::kTooLarge).u64(credit.seq).u64(size)));
+        return InvalidArgument("a message of " + std::to_string(size) +
                                " bytes does not fit the receive the peer posted (" +
                                std::to_string(credit.capacity) + " bytes)");
       }
-      Status wrote = Status::Ok();
-      if (message.size() > 0) {
-        auto target = credit.buffer.slice(0, message.size());
-        wrote = target.ok() ? manager_.write_from(
-                                  *target, message,
-                                  std::max(std::chrono::milliseconds(1), remaining(deadline)))
-                            : target.status();
+      if (size <= kInlineLimit) {
+        finish_send(credit.seq);
+        FrameBuilder inline_message(Frame::kSentInline);
+        inline_message.u64(credit.seq).fields().bytes(message.data(), size);
+        return write_frame(inline_message);
       }
+      auto target = credit.buffer.slice(0, size);
+      Status wrote = target.ok() ? manager_.write_from(*target, message, left_until(deadline))
+                                 : target.status();
       const bool withdrawn = finish_send(credit.seq);
-      if (wrote.ok()) {
-        return write_frame(Frame::kSent, seq_and(credit.seq, message.size()));
-      }
-      // Nothing was delivered into `seq`: say so, so the receiver's answer
-      // count stays right.
-      RDMABUF_RETURN_IF_ERROR(write_frame(Frame::kNotTaken, seq_and(credit.seq, 0)));
+      if (wrote.ok()) return write_frame(FrameBuilder(Frame::kSent).u64(credit.seq).u64(size));
+      // Nothing was delivered into `seq`: say so, so that every credit gets
+      // its answer.
+      RDMABUF_RETURN_IF_ERROR(write_frame(FrameBuilder(Frame::kNotTaken).u64(credit.seq).u64(0)));
       // A receive withdrawn meanwhile refuses the write (NotFound: its buffer
       // is released, perhaps before its withdrawal reached us): the message
       // goes to the next receive.
@@ -188,101 +227,236 @@ class EndpointImpl {
 
   Result<uint64_t> receive(const LocalMemory& into, std::chrono::milliseconds timeout) {
     const Deadline deadline = deadline_after(timeout);
-    {
-      std::lock_guard lock(mu_);
-      if (!broken_.ok()) return broken_;
+    RDMABUF_RETURN_IF_ERROR(usable());
+    // A receive that only inline messages fit needs no registration.
+    RemoteBuffer handle;
+    if (into.size() > kInlineLimit) {
+      RDMABUF_ASSIGN_OR_RETURN(handle, manager_.register_buffer(into));
     }
-    // An empty receive still needs a buffer to post: a byte of its own.
-    LocalMemory target = into;
-    if (into.size() == 0) {
-      RDMABUF_ASSIGN_OR_RETURN(target, LocalMemory::allocate(1));
-    }
-    RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer handle, manager_.register_buffer(target));
     uint64_t seq;
     {
       std::lock_guard lock(mu_);
       seq = next_seq_++;
-      waiting_[seq] = Answer{};
+      Receive posted;
+      posted.into = into;
+      waiting_[seq] = std::move(posted);
     }
-    std::vector<uint8_t> payload = seq_and(seq, into.size());
-    std::vector<uint8_t> bytes = handle.to_bytes();
-    WireWriter w(payload);
-    w.put<uint16_t>(static_cast<uint16_t>(bytes.size()));
-    w.bytes(bytes.data(), bytes.size());
-    Status posted = write_frame(Frame::kPosted, payload);
+    FrameBuilder posted(Frame::kPosted);
+    posted.u64(seq).u64(into.size());
+    posted.blob(handle.valid() ? handle.to_bytes() : std::vector<uint8_t>());
+    Status sent = write_frame(posted);
 
-    Answer answer;
+    Receive done;
     {
       std::unique_lock lock(mu_);
-      auto answered = [&] { return waiting_[seq].arrived || !broken_.ok(); };
-      if (posted.ok() && !cv_.wait_until(lock, deadline, answered)) {
+      auto answered = [&] { return waiting_[seq].answered || !broken_.ok(); };
+      if (sent.ok() && !cv_.wait_until(lock, deadline, answered)) {
         lock.unlock();
         // Withdraw: no byte may land once we return. Release first (it waits
         // for a write in flight), then ask the sender what became of it.
-        manager_.release(handle).ignore();
-        Status withdrawn = write_frame(Frame::kWithdrawn, seq_and(seq, 0));
+        if (handle.valid()) manager_.release(handle).ignore();
+        Status withdrawn = write_frame(FrameBuilder(Frame::kWithdrawn).u64(seq).u64(0));
         lock.lock();
         if (withdrawn.ok() && !cv_.wait_until(lock, Clock::now() + kWithdrawGrace, answered)) {
           lock.unlock();
-          close(DeadlineExceeded("the peer did not answer a withdrawn receive"));
+          break_with(DeadlineExceeded("the peer did not answer a withdrawn receive"));
           lock.lock();
         }
       }
-      answer = waiting_[seq];
+      done = std::move(waiting_[seq]);
       waiting_.erase(seq);
-      if (!answer.arrived) {
-        answer.status = !posted.ok() ? posted : broken_;
-        if (answer.status.ok()) answer.status = DeadlineExceeded("no message came in time");
+      if (!done.answered) {
+        done.status = !sent.ok() ? sent : broken_;
+        if (done.status.ok()) done.status = DeadlineExceeded("no message came in time");
       }
     }
-    manager_.release(handle).ignore();  // NotFound when withdrawn above
-    if (!answer.status.ok()) return answer.status;
-    return answer.size;
+    if (handle.valid()) manager_.release(handle).ignore();  // NotFound when withdrawn
+    if (!done.status.ok()) return done.status;
+    return done.size;
+  }
+
+  // --- writes with notifications -------------------------------------------------
+
+  Status write(const RemoteBuffer& dst, const LocalMemory& src, uint32_t tag,
+               std::chrono::milliseconds timeout) {
+    if (!dst.valid() || dst.owner().manager_id != peer_manager_id_) {
+      return InvalidArgument("a tagged write goes into a buffer of the endpoint's peer; " +
+                             (dst.valid() ? dst.describe() : std::string("an empty handle")) +
+                             " is not one");
+    }
+    RDMABUF_RETURN_IF_ERROR(usable());
+    RDMABUF_RETURN_IF_ERROR(manager_.write_from(dst, src, timeout));
+    FrameBuilder notify(Frame::kNotify);
+    notify.fields().put<uint32_t>(tag);
+    notify.u64(dst.id()).u64(dst.offset()).u64(std::min<uint64_t>(src.size(), dst.size()));
+    return write_frame(notify);
+  }
+
+  // --- lending -----------------------------------------------------------------------
+
+  Result<Lease> request_remote_buffer(uint64_t size, std::chrono::milliseconds lease,
+                                      std::chrono::milliseconds timeout) {
+    if (size == 0) return InvalidArgument("cannot lend 0 bytes");
+    if (lease.count() <= 0) return InvalidArgument("a lease must be > 0 ms");
+    FrameBuilder request(Frame::kLendRequest);
+    RDMABUF_ASSIGN_OR_RETURN(
+        Reply reply,
+        call(
+            request, [&](uint64_t id) { request.u64(id).u64(size).u64(lease.count()); }, timeout));
+    RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer buffer, RemoteBuffer::from_bytes(reply.body));
+    if (buffer.owner().manager_id != peer_manager_id_ || buffer.size() != size) {
+      return ProtocolError("the peer lent a buffer that is not its own or not the size asked");
+    }
+    return Lease{std::move(buffer), std::chrono::milliseconds(reply.value)};
+  }
+
+  Result<std::chrono::milliseconds> renew(const RemoteBuffer& lent, std::chrono::milliseconds lease,
+                                          std::chrono::milliseconds timeout) {
+    if (!lent.valid() || lent.owner().manager_id != peer_manager_id_) {
+      return InvalidArgument("only a buffer the peer lent can be renewed");
+    }
+    if (lease.count() <= 0) return InvalidArgument("a lease must be > 0 ms");
+    FrameBuilder request(Frame::kRenew);
+    RDMABUF_ASSIGN_OR_RETURN(
+        Reply reply,
+        call(
+            request, [&](uint64_t id) { request.u64(id).u64(lent.id()).u64(lease.count()); },
+            timeout));
+    return std::chrono::milliseconds(reply.value);
+  }
+
+  // --- handles -----------------------------------------------------------------------
+
+  Status send_buffer(const RemoteBuffer& buffer, std::chrono::milliseconds /*timeout*/) {
+    if (!buffer.valid()) return InvalidArgument("cannot send an empty handle");
+    RDMABUF_RETURN_IF_ERROR(usable());
+    FrameBuilder frame(Frame::kBuffer);
+    frame.blob(buffer.to_bytes());
+    return write_frame(frame);
+  }
+
+  Result<RemoteBuffer> receive_buffer(std::chrono::milliseconds timeout) {
+    return take_next(remote_buffers_, timeout, "no handle came in time");
+  }
+
+  Result<LocalMemory> receive_local_buffer(std::chrono::milliseconds timeout) {
+    return take_next(returned_, timeout, "no lent buffer came back in time");
   }
 
  private:
   struct Credit {
     uint64_t seq = 0;
     uint64_t capacity = 0;
-    RemoteBuffer buffer;
+    RemoteBuffer buffer;  // empty when only inline messages fit
   };
-  // What the sender said about one of our receives.
-  struct Answer {
-    bool arrived = false;
+  // One of our posted receives.
+  struct Receive {
+    LocalMemory into;
+    bool answered = false;
     Status status;  // kSent: OK; kTooLarge: InvalidArgument; kNotTaken: DeadlineExceeded
     uint64_t size = 0;
   };
+  // Memory this side lent to the peer.
+  struct Lent {
+    LocalMemory memory;
+    RemoteBuffer handle;
+    Deadline expires;
+  };
+  // The answer to one of our requests (kLent, kRenewed).
+  struct Reply {
+    bool arrived = false;
+    Status status;
+    uint64_t value = 0;  // the lease granted, in ms
+    std::vector<uint8_t> body;
+  };
 
-  static std::chrono::milliseconds remaining(Deadline deadline) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  Status usable() {
+    std::lock_guard lock(mu_);
+    return broken_;
+  }
+
+  void break_with(const Status& why) {
+    {
+      std::lock_guard lock(mu_);
+      if (broken_.ok()) broken_ = why;
+    }
+    signal_eventfd(stop_.get());
+    ::shutdown(fd_.get(), SHUT_RDWR);  // the peer sees the end at once
+    cv_.notify_all();
+  }
+
+  bool stopping() {
+    std::lock_guard lock(mu_);
+    return !broken_.ok();
   }
 
   // Ends the use of a taken credit; true when the receiver withdrew it.
   bool finish_send(uint64_t seq) {
     std::lock_guard lock(mu_);
     auto it = in_send_.find(seq);
-    bool withdrawn = it != in_send_.end() && it->second;
+    if (it == in_send_.end()) return false;
+    bool withdrawn = it->second;
     in_send_.erase(it);
     return withdrawn;
   }
 
-  Status write_frame(Frame type, const std::vector<uint8_t>& payload) {
-    auto bytes = frame(type, payload);
-    std::lock_guard lock(write_mu_);
-    Status st = send_exact(fd_.get(), bytes.data(), bytes.size(), Clock::now() + kFrameWriteLimit,
-                           stop_.get());
-    if (!st.ok()) {
-      std::lock_guard state(mu_);
-      if (!broken_.ok()) return broken_;
-      // A frame cut short leaves the stream unusable: close it for both.
-      broken_ = Unavailable("the endpoint broke while sending: " + st.message());
-      signal_eventfd(stop_.get());
-      ::shutdown(fd_.get(), SHUT_RDWR);
-      cv_.notify_all();
-      return broken_;
+  Status write_frame(FrameBuilder& builder) { return write_bytes(builder.done()); }
+  Status write_frame(FrameBuilder&& builder) { return write_bytes(builder.done()); }
+
+  Status write_bytes(const std::vector<uint8_t>& bytes) {
+    Status st;
+    {
+      std::lock_guard lock(write_mu_);
+      st = send_exact(fd_.get(), bytes.data(), bytes.size(), Clock::now() + kFrameWriteLimit,
+                      stop_.get());
     }
-    return st;
+    if (st.ok()) return st;
+    // A frame cut short leaves the stream unusable: close it for both.
+    break_with(Unavailable("the endpoint broke while sending: " + st.message()));
+    return usable();
   }
+
+  // Sends a request built by `fill(request id)` and waits for its reply.
+  template <typename Fill>
+  Result<Reply> call(FrameBuilder& request, Fill fill, std::chrono::milliseconds timeout) {
+    const Deadline deadline = deadline_after(timeout);
+    uint64_t id;
+    {
+      std::lock_guard lock(mu_);
+      RDMABUF_RETURN_IF_ERROR(broken_);
+      id = next_request_++;
+      replies_[id] = Reply{};
+    }
+    fill(id);
+    Status sent = write_frame(request);
+    std::unique_lock lock(mu_);
+    if (sent.ok()) {
+      cv_.wait_until(lock, deadline, [&] { return replies_[id].arrived || !broken_.ok(); });
+    }
+    Reply reply = std::move(replies_[id]);
+    replies_.erase(id);  // a late reply is then ignored
+    if (!sent.ok()) return sent;
+    if (!reply.arrived) {
+      return broken_.ok() ? DeadlineExceeded("the peer did not answer in time") : broken_;
+    }
+    if (!reply.status.ok()) return reply.status;
+    return reply;
+  }
+
+  template <typename T>
+  Result<T> take_next(std::deque<T>& queue, std::chrono::milliseconds timeout, const char* late) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_until(lock, deadline_after(timeout),
+                        [&] { return !queue.empty() || !broken_.ok(); })) {
+      return DeadlineExceeded(late);
+    }
+    if (queue.empty()) return broken_;
+    T next = std::move(queue.front());
+    queue.pop_front();
+    return next;
+  }
+
+  // --- the reader thread: one frame at a time, in order --------------------------------
 
   void read_loop() {
     while (true) {
@@ -290,64 +464,76 @@ class EndpointImpl {
       std::vector<uint8_t> payload;
       Status st = read_frame(fd_.get(), Deadline::max(), stop_.get(), type, payload);
       if (st.ok()) st = dispatch(type, payload);
-      if (!st.ok()) {
-        if (st.code() != StatusCode::kProtocolError && st.code() != StatusCode::kCancelled) {
-          st = Unavailable("the peer closed the endpoint (" + st.message() + ")");
-        }
-        {
-          std::lock_guard lock(mu_);
-          if (broken_.ok()) broken_ = st;
-        }
-        if (st.code() == StatusCode::kProtocolError) ::shutdown(fd_.get(), SHUT_RDWR);
-        cv_.notify_all();
-        return;
+      if (st.ok()) continue;
+      if (st.code() != StatusCode::kProtocolError && st.code() != StatusCode::kCancelled &&
+          st.code() != StatusCode::kResourceExhausted) {
+        st = Unavailable("the peer closed the endpoint (" + st.message() + ")");
       }
+      break_with(st);
+      return;
     }
   }
 
   Status dispatch(Frame type, std::span<const uint8_t> payload) {
     WireReader r(payload);
-    const uint64_t seq = r.get<uint64_t>();
     switch (type) {
       case Frame::kPosted: {
+        const uint64_t seq = r.get<uint64_t>();
         const uint64_t capacity = r.get<uint64_t>();
         auto handle = r.view(r.get<uint16_t>());
         if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint credit");
-        auto buffer = RemoteBuffer::from_bytes(handle);
-        if (!buffer.ok()) {
-          return ProtocolError("endpoint credit with a bad handle: " + buffer.status().message());
+        Credit credit{seq, capacity, {}};
+        if (!handle.empty()) {
+          auto buffer = RemoteBuffer::from_bytes(handle);
+          if (!buffer.ok()) {
+            return ProtocolError("endpoint credit with a bad handle: " + buffer.status().message());
+          }
+          credit.buffer = std::move(buffer).value();
         }
-        if (buffer->size() < capacity)
+        if (capacity > (credit.buffer.valid() ? credit.buffer.size() : kInlineLimit)) {
           return ProtocolError("endpoint credit larger than its buffer");
+        }
         std::lock_guard lock(mu_);
-        credits_.push_back(Credit{seq, capacity, std::move(buffer).value()});
+        credits_.push_back(std::move(credit));
         break;
       }
       case Frame::kSent:
       case Frame::kTooLarge:
-      case Frame::kNotTaken: {
-        const uint64_t size = r.get<uint64_t>();
+      case Frame::kNotTaken:
+      case Frame::kSentInline: {
+        const uint64_t seq = r.get<uint64_t>();
+        const bool inline_data = type == Frame::kSentInline;
+        const uint64_t size = inline_data ? r.remaining() : r.get<uint64_t>();
+        auto data = r.view(inline_data ? r.remaining() : 0);
         if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint answer");
         std::lock_guard lock(mu_);
         auto it = waiting_.find(seq);
-        if (it == waiting_.end() || it->second.arrived) {
+        if (it == waiting_.end() || it->second.answered) {
           return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
                                ", which is not waiting");
         }
-        Answer& a = it->second;
-        a.arrived = true;
-        a.size = size;
+        Receive& receive = it->second;
+        if ((type == Frame::kSent || inline_data) && size > receive.into.size()) {
+          return ProtocolError("the peer says it sent more than the receive holds");
+        }
+        receive.answered = true;
+        receive.size = size;
         if (type == Frame::kSent) {
-          a.status = Status::Ok();
+          receive.status = Status::Ok();
+        } else if (inline_data) {
+          // Under the lock: the receive has not returned, so `into` is valid.
+          if (size > 0) std::memcpy(receive.into.data(), data.data(), size);
+          receive.status = Status::Ok();
         } else if (type == Frame::kTooLarge) {
-          a.status = InvalidArgument("the peer's message of " + std::to_string(size) +
-                                     " bytes does not fit this receive");
+          receive.status = InvalidArgument("the peer's message of " + std::to_string(size) +
+                                           " bytes does not fit this receive");
         } else {
-          a.status = DeadlineExceeded("no message came in time");
+          receive.status = DeadlineExceeded("no message came in time");
         }
         break;
       }
       case Frame::kWithdrawn: {
+        const uint64_t seq = r.get<uint64_t>();
         if (!r.ok() || r.remaining() != 8) return ProtocolError("malformed endpoint withdrawal");
         std::unique_lock lock(mu_);
         auto taken = in_send_.find(seq);
@@ -355,13 +541,73 @@ class EndpointImpl {
           taken->second = true;  // the send in progress answers when done
           break;
         }
-        for (auto it = credits_.begin(); it != credits_.end(); ++it) {
-          if (it->seq != seq) continue;
-          credits_.erase(it);
-          lock.unlock();
-          return write_frame(Frame::kNotTaken, seq_and(seq, 0));
+        auto it = std::find_if(credits_.begin(), credits_.end(),
+                               [seq](const Credit& c) { return c.seq == seq; });
+        if (it == credits_.end()) break;  // answered already: the answer crossed this
+        credits_.erase(it);
+        lock.unlock();
+        return write_frame(FrameBuilder(Frame::kNotTaken).u64(seq).u64(0));
+      }
+      case Frame::kNotify: {
+        Notification n;
+        n.tag = r.get<uint32_t>();
+        n.buffer_id = r.get<uint64_t>();
+        n.offset = r.get<uint64_t>();
+        n.length = r.get<uint64_t>();
+        n.peer = peer_;
+        if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint notification");
+        // Waits while the owner's queue is full: backpressure on the writer.
+        if (!manager_.notifications().push(n, [this] { return stopping(); })) {
+          return Cancelled("the manager is shutting down");
         }
-        break;  // answered already (kSent or kTooLarge crossed the withdrawal)
+        return Status::Ok();
+      }
+      case Frame::kLendRequest: {
+        const uint64_t id = r.get<uint64_t>();
+        const uint64_t size = r.get<uint64_t>();
+        const uint64_t lease_ms = r.get<uint64_t>();
+        if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed lend request");
+        return answer_lend(
+            id, size, std::chrono::milliseconds(std::min<uint64_t>(lease_ms, uint64_t{1} << 40)));
+      }
+      case Frame::kRenew: {
+        const uint64_t id = r.get<uint64_t>();
+        const uint64_t buffer_id = r.get<uint64_t>();
+        const uint64_t lease_ms = r.get<uint64_t>();
+        if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed lease renewal");
+        return answer_renew(id, buffer_id,
+                            std::chrono::milliseconds(std::min<uint64_t>(lease_ms, 1ull << 40)));
+      }
+      case Frame::kLent:
+      case Frame::kRenewed: {
+        const uint64_t id = r.get<uint64_t>();
+        const auto code = static_cast<StatusCode>(r.get<uint8_t>());
+        const uint64_t value = r.get<uint64_t>();
+        auto body = r.view(r.get<uint16_t>());
+        if (!r.ok() || r.remaining() != 0 || code > StatusCode::kInternal) {
+          return ProtocolError("malformed endpoint reply");
+        }
+        std::lock_guard lock(mu_);
+        auto it = replies_.find(id);
+        if (it == replies_.end()) break;  // its caller gave up
+        Reply& reply = it->second;
+        reply.arrived = true;
+        reply.value = value;
+        if (code == StatusCode::kOk) {
+          reply.body.assign(body.begin(), body.end());
+        } else {
+          reply.status = Status(code, "the peer: " + std::string(body.begin(), body.end()));
+        }
+        break;
+      }
+      case Frame::kBuffer: {
+        auto bytes = r.view(r.get<uint16_t>());
+        if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint handle");
+        auto buffer = RemoteBuffer::from_bytes(bytes);
+        if (!buffer.ok()) {
+          return ProtocolError("the peer passed a bad handle: " + buffer.status().message());
+        }
+        return take_buffer(std::move(buffer).value());
       }
       default:
         return ProtocolError("unknown endpoint frame type " +
@@ -371,22 +617,141 @@ class EndpointImpl {
     return Status::Ok();
   }
 
+  Status reply(Frame type, uint64_t id, const Status& status, uint64_t value,
+               std::span<const uint8_t> body) {
+    FrameBuilder frame(type);
+    frame.u64(id).fields().put<uint8_t>(static_cast<uint8_t>(status.code()));
+    frame.u64(value).blob(status.ok() ? body : text_bytes(status.message()));
+    return write_frame(frame);
+  }
+
+  Status answer_lend(uint64_t id, uint64_t size, std::chrono::milliseconds lease) {
+    auto refuse = [&](const Status& why) { return reply(Frame::kLent, id, why, 0, {}); };
+    if (size == 0 || lease.count() == 0) return refuse(InvalidArgument("nothing to lend"));
+    LendBudget& budget = manager_.lend_budget();
+    if (!budget.take(size)) {
+      return refuse(ResourceExhausted("lending " + std::to_string(size) +
+                                      " bytes more would pass this manager's lend limit of " +
+                                      std::to_string(budget.limit()) + " (RDMABUF_LEND_LIMIT)"));
+    }
+    auto memory = LocalMemory::allocate(size);
+    auto handle = memory.ok() ? manager_.register_buffer(*memory) : memory.status();
+    if (!handle.ok()) {
+      budget.give_back(size);
+      return refuse(handle.status());
+    }
+    lease = std::min(lease, manager_.config().max_lease);
+    {
+      std::lock_guard lock(mu_);
+      lent_[handle->id()] = Lent{*memory, *handle, Clock::now() + lease};
+    }
+    cv_.notify_all();  // the lease keeper learns the new expiry
+    return reply(Frame::kLent, id, Status::Ok(), static_cast<uint64_t>(lease.count()),
+                 handle->to_bytes());
+  }
+
+  Status answer_renew(uint64_t id, uint64_t buffer_id, std::chrono::milliseconds lease) {
+    lease = std::min(lease, manager_.config().max_lease);
+    Status st = Status::Ok();
+    {
+      std::lock_guard lock(mu_);
+      auto it = lent_.find(buffer_id);
+      if (it == lent_.end()) {
+        st = NotFound("the lease has ended");
+      } else {
+        it->second.expires = Clock::now() + lease;
+      }
+    }
+    cv_.notify_all();
+    return reply(Frame::kRenewed, id, st, st.ok() ? static_cast<uint64_t>(lease.count()) : 0, {});
+  }
+
+  // A handle from the peer: memory we lent coming back, or any other.
+  Status take_buffer(RemoteBuffer buffer) {
+    std::unique_lock lock(mu_);
+    auto lent = buffer.owner().manager_id == manager_.identity().manager_id
+                    ? lent_.find(buffer.id())
+                    : lent_.end();
+    if (lent == lent_.end()) {
+      if (remote_buffers_.size() >= kMaxQueuedBuffers) {
+        return ResourceExhausted("the peer passed more than " + std::to_string(kMaxQueuedBuffers) +
+                                 " handles nobody took");
+      }
+      remote_buffers_.push_back(std::move(buffer));
+      cv_.notify_all();
+      return Status::Ok();
+    }
+    Lent back = std::move(lent->second);
+    lent_.erase(lent);
+    lock.unlock();
+    // The lease ends: the peer's access stops before we hand the memory on.
+    manager_.release(back.handle).ignore();
+    manager_.lend_budget().give_back(back.memory.size());
+    auto range = back.memory.slice(buffer.offset(), buffer.size());
+    lock.lock();
+    returned_.push_back(range.ok() ? *range : back.memory);
+    cv_.notify_all();
+    return Status::Ok();
+  }
+
+  // --- the lease keeper: reclaims lent memory whose lease ended ----------------------------
+
+  void keep_leases() {
+    std::unique_lock lock(mu_);
+    while (true) {
+      Deadline next = Deadline::max();
+      std::vector<Lent> expired;
+      const Deadline now = Clock::now();
+      for (auto it = lent_.begin(); it != lent_.end();) {
+        if (it->second.expires <= now || !broken_.ok()) {
+          expired.push_back(std::move(it->second));
+          it = lent_.erase(it);
+        } else {
+          next = std::min(next, it->second.expires);
+          ++it;
+        }
+      }
+      if (!expired.empty()) {
+        lock.unlock();
+        for (Lent& l : expired) {
+          manager_.release(l.handle).ignore();  // from now on: kNotFound
+          manager_.lend_budget().give_back(l.memory.size());
+        }
+        lock.lock();
+        continue;
+      }
+      if (!broken_.ok()) return;
+      if (next == Deadline::max()) {
+        cv_.wait(lock);
+      } else {
+        cv_.wait_until(lock, next);
+      }
+    }
+  }
+
   Manager& manager_;
   Fd fd_;
   Fd stop_;  // readable once closing
   const std::string peer_;
+  const uint64_t peer_manager_id_;
 
   std::mutex mu_;
   std::condition_variable cv_;
-  Status broken_;                       // OK while usable
-  std::deque<Credit> credits_;          // the peer's receives, not yet taken
-  std::map<uint64_t, bool> in_send_;    // taken credits: withdrawn meanwhile?
-  std::map<uint64_t, Answer> waiting_;  // our posted receives
+  Status broken_;                        // OK while usable
+  std::deque<Credit> credits_;           // the peer's receives, not yet taken
+  std::map<uint64_t, bool> in_send_;     // taken credits: withdrawn meanwhile?
+  std::map<uint64_t, Receive> waiting_;  // our posted receives
   uint64_t next_seq_ = 0;
+  std::map<uint64_t, Reply> replies_;  // our requests waiting for an answer
+  uint64_t next_request_ = 0;
+  std::map<uint64_t, Lent> lent_;  // by buffer id
+  std::deque<RemoteBuffer> remote_buffers_;
+  std::deque<LocalMemory> returned_;
 
   std::mutex write_mu_;  // one frame at a time on the socket
   std::mutex join_mu_;
   std::thread reader_;
+  std::thread lease_keeper_;
 };
 
 // --- Endpoint -------------------------------------------------------------------
@@ -400,6 +765,34 @@ Status Endpoint::send(const LocalMemory& message, std::chrono::milliseconds time
 
 Result<uint64_t> Endpoint::receive(const LocalMemory& into, std::chrono::milliseconds timeout) {
   return impl_->receive(into, timeout);
+}
+
+Status Endpoint::write(const RemoteBuffer& dst, const LocalMemory& src, uint32_t tag,
+                       std::chrono::milliseconds timeout) {
+  return impl_->write(dst, src, tag, timeout);
+}
+
+Result<Lease> Endpoint::request_remote_buffer(uint64_t size, std::chrono::milliseconds lease,
+                                              std::chrono::milliseconds timeout) {
+  return impl_->request_remote_buffer(size, lease, timeout);
+}
+
+Result<std::chrono::milliseconds> Endpoint::renew(const RemoteBuffer& lent,
+                                                  std::chrono::milliseconds lease,
+                                                  std::chrono::milliseconds timeout) {
+  return impl_->renew(lent, lease, timeout);
+}
+
+Status Endpoint::send_buffer(const RemoteBuffer& buffer, std::chrono::milliseconds timeout) {
+  return impl_->send_buffer(buffer, timeout);
+}
+
+Result<RemoteBuffer> Endpoint::receive_buffer(std::chrono::milliseconds timeout) {
+  return impl_->receive_buffer(timeout);
+}
+
+Result<LocalMemory> Endpoint::receive_local_buffer(std::chrono::milliseconds timeout) {
+  return impl_->receive_local_buffer(timeout);
 }
 
 std::string Endpoint::peer() const {
@@ -434,11 +827,13 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       return Unavailable("accept: " + errno_text(errno));
     }
-    RDMABUF_RETURN_IF_ERROR(greet(fd.get(), deadline));
+    RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id,
+                             greet(fd.get(), state_->manager.identity().manager_id, deadline));
     auto peer = peer_address(fd.get());
     RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
     return std::unique_ptr<Endpoint>(new Endpoint(std::make_unique<EndpointImpl>(
-        state_->manager, std::move(fd), peer.ok() ? peer->to_string() : "?", std::move(stop))));
+        state_->manager, std::move(fd), peer.ok() ? peer->to_string() : "?", peer_id,
+        std::move(stop))));
   }
 }
 
@@ -458,10 +853,10 @@ Result<std::unique_ptr<Endpoint>> Manager::connect(const std::string& address,
   const Deadline deadline = deadline_after(timeout);
   RDMABUF_ASSIGN_OR_RETURN(HostPort where, parse_host_port(address));
   RDMABUF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(where, deadline));
-  RDMABUF_RETURN_IF_ERROR(greet(fd.get(), deadline));
+  RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id, greet(fd.get(), identity().manager_id, deadline));
   RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
-  return std::unique_ptr<Endpoint>(new Endpoint(
-      std::make_unique<EndpointImpl>(*this, std::move(fd), where.to_string(), std::move(stop))));
+  return std::unique_ptr<Endpoint>(new Endpoint(std::make_unique<EndpointImpl>(
+      *this, std::move(fd), where.to_string(), peer_id, std::move(stop))));
 }
 
 }  // namespace rdmabuf

@@ -16,6 +16,7 @@
 #include "core/backend_table.h"
 #include "core/deadline_watcher.h"
 #include "core/listener.h"
+#include "core/notifications.h"
 #include "core/registry.h"
 
 namespace rdmabuf {
@@ -82,6 +83,11 @@ class ManagerImpl final : public OpRouter {
   std::mutex shutdown_mu_;
   std::mutex notes_mu_;
   std::set<std::string> logged_notes_;
+
+ public:
+  // Shared by this manager's endpoints.
+  NotificationQueue notifications_;
+  LendBudget lend_budget_{config_.lend_limit};
 };
 
 Result<std::unique_ptr<ManagerImpl>> ManagerImpl::create(const Config& config) {
@@ -450,6 +456,7 @@ void ManagerImpl::shutdown() {
   }
   listener_->join_connections();
   deadlines_.stop();
+  notifications_.close();
   for (uint64_t id : registry_.ids()) {
     registry_.release(id).ignore();
     for (Slot& slot : slots_) {
@@ -523,6 +530,22 @@ Status Manager::write_from(const RemoteBuffer& dst, const LocalMemory& src,
 
 void Manager::shutdown() {
   impl_->shutdown();
+}
+
+Result<Notification> Manager::next_notification(std::chrono::milliseconds timeout) {
+  return impl_->notifications_.pop(timeout);
+}
+
+void Manager::set_notification_handler(std::function<void(const Notification&)> handler) {
+  impl_->notifications_.set_handler(std::move(handler));
+}
+
+NotificationQueue& Manager::notifications() {
+  return impl_->notifications_;
+}
+
+LendBudget& Manager::lend_budget() {
+  return impl_->lend_budget_;
 }
 
 const char* version() {

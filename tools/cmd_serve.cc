@@ -1,9 +1,14 @@
-// rdmabuf serve: register one buffer, print its handle, serve until killed.
+// rdmabuf serve: register one buffer, print its handle, serve until killed;
+// with --endpoint, also answer endpoints (for `rdmabuf bench --op send`).
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "common/host.h"
 #include "rdmabuf/rdmabuf.h"
@@ -13,9 +18,79 @@
 #include "tools/signals.h"
 
 namespace rdmabuf::tool {
+namespace {
+
+// Receives on each endpoint at once: enough for senders in several threads
+// to keep messages in flight.
+constexpr int kReceivers = 4;
+
+// Accepts endpoints until stopped and serves each with kReceivers threads,
+// each with a receive buffer of `max_message` bytes: a message whose first
+// byte is 'E' is sent back as it came (an echo, for latency), any other is
+// dropped (for bandwidth).
+class EndpointServer {
+ public:
+  EndpointServer(std::unique_ptr<EndpointListener> listener, uint64_t max_message)
+      : listener_(std::move(listener)), max_message_(max_message) {
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~EndpointServer() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+      for (auto& endpoint : endpoints_)
+        endpoint->close();  // the receivers' calls end
+    }
+    acceptor_.join();
+    for (std::thread& t : receivers_)
+      t.join();
+  }
+
+ private:
+  void accept_loop() {
+    while (true) {
+      auto endpoint = listener_->accept(std::chrono::milliseconds(200));
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      if (!endpoint.ok()) continue;
+      Endpoint* e = endpoint->get();
+      endpoints_.push_back(std::move(endpoint).value());
+      for (int i = 0; i < kReceivers; ++i)
+        receivers_.emplace_back([this, e] { serve(*e); });
+    }
+  }
+
+  void serve(Endpoint& endpoint) {
+    auto memory = LocalMemory::allocate(max_message_);
+    if (!memory.ok()) return;
+    while (true) {
+      auto size = endpoint.receive(*memory, std::chrono::hours(24));
+      if (!size.ok()) {
+        if (size.status().code() == StatusCode::kDeadlineExceeded ||
+            size.status().code() == StatusCode::kInvalidArgument) {
+          continue;  // an idle day, or a message too large: go on
+        }
+        return;  // closed
+      }
+      if (*size == 0 || memory->data()[0] != std::byte{'E'}) continue;
+      auto echo = memory->slice(0, *size);
+      if (!echo.ok() || !endpoint.send(*echo, std::chrono::seconds(60)).ok()) return;
+    }
+  }
+
+  std::unique_ptr<EndpointListener> listener_;
+  const uint64_t max_message_;
+  std::mutex mu_;
+  bool stopping_ = false;
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  std::vector<std::thread> receivers_;
+  std::thread acceptor_;
+};
+
+}  // namespace
 
 int cmd_serve(int argc, char** argv) {
-  auto args = parse_args(argc, argv, 2, {"size", "pattern", "listen"}, {});
+  auto args = parse_args(argc, argv, 2, {"size", "pattern", "listen"}, {"endpoint"});
   if (!args.ok()) return fail(args.status());
   if (!args->positional.empty())
     return fail(InvalidArgument("serve takes no positional arguments"));
@@ -41,6 +116,13 @@ int cmd_serve(int argc, char** argv) {
   auto handle = (*manager)->register_buffer(*memory);
   if (!handle.ok()) return fail(handle.status());
   std::printf("%s\n", handle->to_text().c_str());
+  std::unique_ptr<EndpointServer> endpoints;
+  if (args->flags.count("endpoint")) {
+    auto listener = (*manager)->listen("127.0.0.1:0");
+    if (!listener.ok()) return fail(listener.status());
+    std::printf("endpoint %s\n", (*listener)->address().c_str());
+    endpoints = std::make_unique<EndpointServer>(std::move(listener).value(), *size);
+  }
   std::fflush(stdout);
   std::fprintf(stderr, "rdmabuf: serving %llu bytes (%s) as buffer %llu of %s; Ctrl-C stops\n",
                static_cast<unsigned long long>(*size), pattern.c_str(),
@@ -48,6 +130,7 @@ int cmd_serve(int argc, char** argv) {
                (*manager)->identity().to_string().c_str());
   int sig = 0;
   sigwait(&stop_signals, &sig);
+  endpoints.reset();
   (*manager)->shutdown();
   return kExitOk;
 }

@@ -73,6 +73,15 @@ struct Config {
   // more are refused.
   int max_connections = 1024;
 
+  // RDMABUF_LEND_LIMIT (K/M/G suffixes). Bytes this manager lends at once
+  // to peers that ask through an endpoint (Endpoint::request_remote_buffer);
+  // a request beyond it is refused with kResourceExhausted. 0: lend nothing.
+  size_t lend_limit = size_t{1} << 30;
+
+  // RDMABUF_MAX_LEASE_MS. The longest lease this manager grants on memory it
+  // lends (a longer request is granted this long).
+  std::chrono::milliseconds max_lease{3'600'000};
+
   // RDMABUF_LOG_LEVEL: error | warn | info | debug. Logs go to stderr.
   LogLevel log_level = LogLevel::kWarn;
 

@@ -30,6 +30,19 @@
 // - A peer that closes or dies fails every waiting call with kUnavailable;
 //   malformed control bytes close the endpoint with kProtocolError.
 //
+// Beyond messages, an endpoint carries:
+// - Handles: send_buffer() / receive_buffer() pass a RemoteBuffer, in order.
+// - Lent memory: request_remote_buffer() asks the peer's manager to lend
+//   memory (allocated and registered for the purpose, within the lender's
+//   Config::lend_limit) for a lease. When the lease ends, unless renew()ed,
+//   the lender releases it: from then on every access fails with kNotFound.
+//   Sending the lent handle back with send_buffer() returns the memory: the
+//   lender's receive_local_buffer() gives it that memory, with what the
+//   borrower wrote, and the borrower's access ends.
+// - Notifications: write() is a one-sided write that carries a 32-bit tag;
+//   once its bytes have landed, the owner's manager gets a Notification
+//   (Manager::next_notification, or its handler).
+//
 // The manager must outlive its endpoints and listeners.
 #pragma once
 
@@ -38,6 +51,7 @@
 #include <memory>
 #include <string>
 
+#include "rdmabuf/buffer.h"
 #include "rdmabuf/memory.h"
 #include "rdmabuf/status.h"
 
@@ -45,6 +59,24 @@ namespace rdmabuf {
 
 class Manager;
 class EndpointImpl;
+
+// A tagged write (Endpoint::write) that has landed in this manager's memory.
+// The peer says what it wrote; the bytes were in place before it said so.
+struct Notification {
+  uint32_t tag = 0;
+  uint64_t buffer_id = 0;  // RemoteBuffer::id() of the buffer written
+  uint64_t offset = 0;     // the range written, within the registered buffer
+  uint64_t length = 0;
+  std::string peer;  // the endpoint's peer, "HOST:PORT"
+};
+
+// Memory a peer lent (Endpoint::request_remote_buffer).
+struct Lease {
+  RemoteBuffer buffer;
+  // How long the lender granted, from when it answered: at most what was
+  // asked, and at most its Config::max_lease.
+  std::chrono::milliseconds granted{0};
+};
 
 class Endpoint {
  public:
@@ -66,6 +98,32 @@ class Endpoint {
   // message came in time; kUnavailable when the endpoint broke. `into` must
   // stay valid until the call returns. Thread-safe.
   Result<uint64_t> receive(const LocalMemory& into, std::chrono::milliseconds timeout);
+
+  // A one-sided write of `src` into `dst` (a buffer of the peer's manager)
+  // that carries `tag`: once the bytes have landed, the peer's manager gets
+  // a Notification. The op's status: kInvalidArgument when `dst` is not the
+  // peer's; the write's own errors; kUnavailable when the endpoint broke
+  // before the notification was sent.
+  Status write(const RemoteBuffer& dst, const LocalMemory& src, uint32_t tag,
+               std::chrono::milliseconds timeout);
+
+  // Asks the peer to lend `size` bytes for `lease`. kResourceExhausted when
+  // the peer's lend limit would be passed; kInvalidArgument for size 0.
+  Result<Lease> request_remote_buffer(uint64_t size, std::chrono::milliseconds lease,
+                                      std::chrono::milliseconds timeout);
+  // Extends the lease of `lent` (a buffer this side borrowed from the peer)
+  // to `lease` from now (at most the lender's max): what was granted.
+  // kNotFound when the lease has ended already.
+  Result<std::chrono::milliseconds> renew(const RemoteBuffer& lent, std::chrono::milliseconds lease,
+                                          std::chrono::milliseconds timeout);
+
+  // Passes a handle to the peer, in order with the other handles.
+  Status send_buffer(const RemoteBuffer& buffer, std::chrono::milliseconds timeout);
+  // The next handle the peer passed that is not memory this side lent.
+  Result<RemoteBuffer> receive_buffer(std::chrono::milliseconds timeout);
+  // The next handle the peer passed back that is memory this side lent to
+  // it: that memory (the range of the handle), now this side's alone again.
+  Result<LocalMemory> receive_local_buffer(std::chrono::milliseconds timeout);
 
   // The peer's "HOST:PORT", as this side sees it.
   std::string peer() const;

@@ -22,7 +22,11 @@ namespace rdmabuf {
 
 class ManagerImpl;
 class Endpoint;
+class EndpointImpl;
 class EndpointListener;
+class LendBudget;
+class NotificationQueue;
+struct Notification;
 
 // Thread safety: every method may be called from any thread, concurrently.
 // Destroying the manager shuts it down (see shutdown()).
@@ -102,13 +106,24 @@ class Manager {
   Result<std::unique_ptr<Endpoint>> connect(const std::string& address,
                                             std::chrono::milliseconds timeout);
 
+  // The next Notification of a tagged write (Endpoint::write) into this
+  // manager's memory, oldest first. kDeadlineExceeded when none came in
+  // time; kFailedPrecondition after shutdown.
+  Result<Notification> next_notification(std::chrono::milliseconds timeout);
+  // Hands notifications to `handler` instead of queueing them (empty: queue
+  // again). It runs on an endpoint's thread: keep it short.
+  void set_notification_handler(std::function<void(const Notification&)> handler);
+
   // Stops serving and transferring: closes the listener and every
   // connection, fails in-flight ops with kCancelled, releases every buffer.
   // Idempotent. Later calls fail with kFailedPrecondition.
   void shutdown();
 
  private:
+  friend class EndpointImpl;
   explicit Manager(std::unique_ptr<ManagerImpl> impl);
+  NotificationQueue& notifications();
+  LendBudget& lend_budget();
   std::unique_ptr<ManagerImpl> impl_;
 };
 

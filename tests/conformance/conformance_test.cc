@@ -1124,6 +1124,158 @@ TEST_P(ConformanceTest, EndpointRefusesWhatIsNotAnEndpoint) {
   EXPECT_EQ(owner_->connect("no-colon", kTimeout).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_P(ConformanceTest, EndpointTaggedWriteNotifiesTheOwnerAfterTheBytesLanded) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  Owned target = own(1 << 20, 0);
+  // The handler checks the bytes at the moment it is told: they must be there.
+  std::mutex mu;
+  std::vector<std::string> seen;
+  owner_->set_notification_handler([&](const Notification& n) {
+    std::lock_guard lock(mu);
+    ScopedIgnoreReads quiet;  // written by the owner's I/O thread (sanitizer.h)
+    auto landed = target.memory.span().subspan(n.offset, n.length);
+    seen.push_back(std::to_string(n.tag) + "@" + std::to_string(n.offset) + "+" +
+                   std::to_string(n.length) +
+                   (find_mismatch(landed, n.tag, n.offset) ? " missing" : " landed") +
+                   (n.buffer_id == target.handle.id() ? "" : " wrong buffer"));
+  });
+  for (uint32_t tag = 1; tag <= 4; ++tag) {
+    const uint64_t offset = (tag - 1) * 256 << 10, length = 256 << 10;
+    LocalMemory src = with_pattern(length, tag, offset);
+    ASSERT_TRUE(sender->write(slice(target.handle, offset, length), src, tag, kTimeout).ok());
+  }
+  // The notification is sent after the write completed; give it its trip.
+  const auto until = Clock::now() + kTimeout;
+  while (Clock::now() < until) {
+    std::lock_guard lock(mu);
+    if (seen.size() == 4) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  owner_->set_notification_handler({});
+  std::lock_guard lock(mu);
+  EXPECT_EQ(seen, (std::vector<std::string>{"1@0+262144 landed", "2@262144+262144 landed",
+                                            "3@524288+262144 landed", "4@786432+262144 landed"}));
+}
+
+TEST_P(ConformanceTest, EndpointNotificationsQueueInOrderAndRefuseForeignBuffers) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  Owned target = own(4096, 0);
+  for (uint32_t tag : {7u, 8u, 9u}) {
+    ASSERT_TRUE(sender->write(target.handle, with_pattern(4096, tag), tag, kTimeout).ok());
+  }
+  for (uint32_t tag : {7u, 8u, 9u}) {
+    auto n = owner_->next_notification(kTimeout);
+    ASSERT_TRUE(n.ok()) << n.status().to_string();
+    EXPECT_EQ(n->tag, tag);
+    EXPECT_EQ(n->buffer_id, target.handle.id());
+    EXPECT_EQ(n->length, 4096u);
+  }
+  EXPECT_EQ(owner_->next_notification(50ms).status().code(), StatusCode::kDeadlineExceeded);
+  // A tagged write goes to the endpoint's peer only.
+  auto own_buffer = reader_->register_buffer(allocate(64));
+  ASSERT_TRUE(own_buffer.ok());
+  EXPECT_EQ(sender->write(*own_buffer, allocate(64), 1, kTimeout).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_P(ConformanceTest, EndpointPassesHandlesInOrder) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  Owned a = own(100, 1), b = own(200, 2);
+  ASSERT_TRUE(receiver->send_buffer(a.handle, kTimeout).ok());
+  ASSERT_TRUE(receiver->send_buffer(slice(b.handle, 10, 20), kTimeout).ok());
+  auto first = sender->receive_buffer(kTimeout);
+  auto second = sender->receive_buffer(kTimeout);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->id(), a.handle.id());
+  EXPECT_EQ(second->id(), b.handle.id());
+  EXPECT_EQ(second->offset(), 10u);
+  EXPECT_EQ(second->size(), 20u);
+  // The handle works: read through it.
+  LocalMemory got = allocate(100);
+  EXPECT_TRUE(reader_->read_into(*first, got).ok());
+  EXPECT_EQ(std::memcmp(got.data(), a.memory.data(), 100), 0);
+  EXPECT_EQ(sender->receive_buffer(50ms).status().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(ConformanceTest, EndpointLentMemoryIsUsableUntilItsLeaseEnds) {
+  auto [lender, borrower] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(lender && borrower);
+  const size_t registered = owner_->registered_count();
+  auto lease = borrower->request_remote_buffer(64 << 10, 400ms, kTimeout);
+  ASSERT_TRUE(lease.ok()) << lease.status().to_string();
+  EXPECT_EQ(lease->buffer.size(), 64u << 10);
+  EXPECT_EQ(lease->buffer.owner().manager_id, owner_->identity().manager_id);
+  EXPECT_EQ(lease->granted, 400ms);
+  EXPECT_EQ(owner_->registered_count(), registered + 1);
+  ASSERT_TRUE(reader_->write_from(lease->buffer, with_pattern(64 << 10, 5)).ok());
+  // Renewed: it outlives its first lease.
+  auto renewed = borrower->renew(lease->buffer, 2s, kTimeout);
+  ASSERT_TRUE(renewed.ok()) << renewed.status().to_string();
+  std::this_thread::sleep_for(600ms);
+  LocalMemory back = allocate(64 << 10);
+  ASSERT_TRUE(reader_->read_into(lease->buffer, back).ok()) << "renewed, yet gone";
+  EXPECT_FALSE(find_mismatch(back.span(), 5));
+  // Not renewed again: reclaimed at its end, and refused from then on.
+  const auto until = Clock::now() + kTimeout;
+  Status st;
+  do {
+    std::this_thread::sleep_for(50ms);
+    st = reader_->read_into(lease->buffer, back);
+  } while (st.ok() && Clock::now() < until);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();
+  EXPECT_EQ(reader_->write_from(lease->buffer, back).code(), StatusCode::kNotFound);
+  EXPECT_EQ(borrower->renew(lease->buffer, 1s, kTimeout).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(owner_->registered_count(), registered);
+}
+
+TEST_P(ConformanceTest, EndpointLentMemoryComesBackWithWhatWasWritten) {
+  auto [lender, borrower] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(lender && borrower);
+  auto lease = borrower->request_remote_buffer(8192, 60s, kTimeout);
+  ASSERT_TRUE(lease.ok()) << lease.status().to_string();
+  ASSERT_TRUE(reader_->write_from(lease->buffer, with_pattern(8192, 11)).ok());
+  // Passed back (a slice of it): the lender gets its memory, the borrower
+  // loses access.
+  ASSERT_TRUE(borrower->send_buffer(slice(lease->buffer, 4096, 4096), kTimeout).ok());
+  auto memory = lender->receive_local_buffer(kTimeout);
+  ASSERT_TRUE(memory.ok()) << memory.status().to_string();
+  EXPECT_EQ(memory->size(), 4096u);
+  auto landed = snapshot(*memory);
+  EXPECT_FALSE(find_mismatch(landed, 11, 4096));
+  EXPECT_EQ(reader_->read_into(lease->buffer, allocate(8192)).code(), StatusCode::kNotFound);
+  // A handle that is not lent memory is an ordinary handle.
+  EXPECT_EQ(lender->receive_buffer(50ms).status().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(ConformanceTest, EndpointLendingRespectsTheLimitAndTheMaximumLease) {
+  owner_ = make([](Config& c) {
+    c.lend_limit = 1 << 20;
+    c.max_lease = 300ms;
+  });
+  auto [lender, borrower] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(lender && borrower);
+  auto big = borrower->request_remote_buffer((1 << 20) + 1, 1s, kTimeout);
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted) << big.status().to_string();
+  auto first = borrower->request_remote_buffer(768 << 10, 1h, kTimeout);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_EQ(first->granted, 300ms);
+  EXPECT_EQ(borrower->request_remote_buffer(512 << 10, 1s, kTimeout).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(borrower->request_remote_buffer(0, 1s, kTimeout).status().code(),
+            StatusCode::kInvalidArgument);
+  // Once the first lease ends, its bytes are back in the budget.
+  const auto until = Clock::now() + kTimeout;
+  Result<Lease> second = ResourceExhausted("not tried");
+  while (!second.ok() && Clock::now() < until) {
+    std::this_thread::sleep_for(50ms);
+    second = borrower->request_remote_buffer(512 << 10, 1s, kTimeout);
+  }
+  EXPECT_TRUE(second.ok()) << second.status().to_string();
+}
+
 std::string backend_name(const ::testing::TestParamInfo<std::string>& info) {
   return info.param;
 }

@@ -42,6 +42,12 @@
 //                                    CRC-32C of the bytes and the backend used)
 //   write TEXT SEED               -> ok BACKEND | error STATUS   (writes pattern
 //                                    SEED, index 0, over the whole handle TEXT)
+//   endpoint-connect ADDRESS      -> ok | error STATUS   (Manager::connect to an
+//                                    endpoint listener; the endpoint is kept)
+//   endpoint-send SIZE SEED       -> started | error ...   (on that endpoint, in
+//                                    a thread of its own, sends one message of
+//                                    SIZE bytes of pattern SEED, index 0; the
+//                                    answer does not wait for it)
 //   exit                          -> bye, then shuts the manager down and exits 0
 //
 // With RDMABUF_TEST_NONDUMPABLE=1 in its environment it makes itself
@@ -121,6 +127,18 @@ bool parse_range(std::istringstream& in, const std::vector<Buffer>& buffers, siz
   return *offset <= size && *length <= size - *offset;
 }
 
+// The endpoint of endpoint-connect, and the threads sending on it.
+std::unique_ptr<rdmabuf::Endpoint> g_endpoint;
+std::vector<std::thread> g_senders;
+
+// Before the manager goes: the endpoint's calls end, its threads stop.
+void close_endpoint() {
+  if (g_endpoint) g_endpoint->close();
+  for (std::thread& t : g_senders)
+    t.join();
+  g_endpoint.reset();
+}
+
 std::string answer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, const std::string& line,
                    bool* exit_now) {
   std::istringstream in(line);
@@ -129,6 +147,24 @@ std::string answer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, cons
   size_t index = 0;
   uint64_t offset = 0, length = 0, seed = 0, start = 0;
   if (cmd == "ping") return "pong";
+  if (cmd == "endpoint-connect") {
+    std::string address;
+    if (!(in >> address)) return "error usage: endpoint-connect ADDRESS";
+    auto endpoint = manager.connect(address, std::chrono::seconds(30));
+    if (!endpoint.ok()) return "error " + endpoint.status().to_string();
+    g_endpoint = std::move(endpoint).value();
+    return "ok";
+  }
+  if (cmd == "endpoint-send") {
+    if (!(in >> length >> seed)) return "error usage: endpoint-send SIZE SEED";
+    if (!g_endpoint) return "error no endpoint (endpoint-connect first)";
+    auto message = LocalMemory::allocate(length);
+    if (!message.ok()) return "error " + message.status().to_string();
+    rdmabuf::testing::fill_pattern(message->span(), seed);
+    g_senders.emplace_back(
+        [message = *message] { g_endpoint->send(message, std::chrono::seconds(60)).ignore(); });
+    return "started";
+  }
   if (cmd == "release") {
     if (!(in >> index) || index >= buffers.size()) return "error bad buffer index";
     rdmabuf::Status st = manager.release(buffers[index].handle);
@@ -283,10 +319,12 @@ int main(int argc, char** argv) {
     bool exit_now = false;
     say(answer(**manager, buffers, line, &exit_now));
     if (exit_now) {
+      close_endpoint();
       (*manager)->shutdown();
       return 0;
     }
   }
   // stdin closed: the test that started us is gone.
+  close_endpoint();
   return 0;
 }

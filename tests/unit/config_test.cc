@@ -86,6 +86,8 @@ TEST(ConfigTest, FromEnvReadsEveryVariable) {
   env.set("RDMABUF_TIMEOUT_MS", "1234");
   env.set("RDMABUF_IO_STALL_TIMEOUT_MS", "250");
   env.set("RDMABUF_MAX_CONNECTIONS", "3");
+  env.set("RDMABUF_LEND_LIMIT", "16M");
+  env.set("RDMABUF_MAX_LEASE_MS", "5000");
   env.set("RDMABUF_LOG_LEVEL", "debug");
   auto c = Config::from_env();
   ASSERT_TRUE(c.ok()) << c.status().to_string();
@@ -99,6 +101,8 @@ TEST(ConfigTest, FromEnvReadsEveryVariable) {
   EXPECT_EQ(c->default_timeout, std::chrono::milliseconds(1234));
   EXPECT_EQ(c->io_stall_timeout, std::chrono::milliseconds(250));
   EXPECT_EQ(c->max_connections, 3);
+  EXPECT_EQ(c->lend_limit, 16u << 20);
+  EXPECT_EQ(c->max_lease, std::chrono::milliseconds(5000));
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
 }
 
@@ -168,6 +172,8 @@ const BadValue kUnparsable[] = {
     {"RDMABUF_IO_STALL_TIMEOUT_MS", "soon"},
     {"RDMABUF_MAX_CONNECTIONS", "0"},
     {"RDMABUF_MAX_CONNECTIONS", "lots"},
+    {"RDMABUF_LEND_LIMIT", "plenty"},
+    {"RDMABUF_MAX_LEASE_MS", "0"},
     {"RDMABUF_LOG_LEVEL", "verbose"},
     {"RDMABUF_LOG_LEVEL", "3"},
 };

@@ -1,0 +1,61 @@
+// Manager-wide state the endpoints share (core/endpoint.cc): the queue of
+// notifications of tagged writes that landed in this manager's memory, and
+// the budget of memory lent to peers.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+
+#include "rdmabuf/endpoint.h"
+#include "rdmabuf/status.h"
+#include "rdmabuf/transfer.h"
+
+namespace rdmabuf {
+
+// Notifications waiting for Manager::next_notification, or handed to the
+// handler set with Manager::set_notification_handler. Thread-safe.
+class NotificationQueue {
+ public:
+  // Queued at most; a producer then waits for room (backpressure on the
+  // peer that writes, instead of a notification lost).
+  static constexpr size_t kCapacity = 65536;
+
+  // Hands `n` to the handler, or queues it. While the queue is full, waits
+  // for room, checking `give_up` every 50 ms; false when it gave up or the
+  // queue is closed (the notification is dropped then).
+  bool push(const Notification& n, const std::function<bool()>& give_up);
+  // The oldest notification. kDeadlineExceeded after `timeout`;
+  // kFailedPrecondition once closed.
+  Result<Notification> pop(std::chrono::milliseconds timeout);
+  void set_handler(std::function<void(const Notification&)> handler);
+  // For shutdown: pops and pushes fail from now on, waiters wake.
+  void close();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Notification> queue_;
+  std::function<void(const Notification&)> handler_;
+  bool closed_ = false;
+};
+
+// Bytes lent to peers at once, against Config::lend_limit.
+class LendBudget {
+ public:
+  explicit LendBudget(uint64_t limit) : limit_(limit) {}
+  // Takes `bytes` from the budget; false (nothing taken) when they do not fit.
+  bool take(uint64_t bytes);
+  void give_back(uint64_t bytes) { used_.fetch_sub(bytes); }
+  uint64_t limit() const { return limit_; }
+
+ private:
+  const uint64_t limit_;
+  std::atomic<uint64_t> used_{0};
+};
+
+}  // namespace rdmabuf
