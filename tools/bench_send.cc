@@ -1,0 +1,266 @@
+// rdmabuf bench --op send: two-sided messages over an Endpoint, beside UCX's
+// tagged messages (ucx_perftest -t tag_lat / tag_bw) over the same
+// transport, in the same run.
+//
+// Method: the peer is `rdmabuf serve --endpoint` in another process, with
+// the same single backend. Latency is a ping-pong of one message, reported
+// as half the round trip (as tag_lat reports it): the median and p99 of at
+// least 1000 after warm-up. Bandwidth is messages sent back to back by two
+// threads (the API blocks per message) into the peer's four receivers,
+// repeated --iters times: the median. UCX runs once per size after rdmabuf.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/strings.h"
+#include "rdmabuf/rdmabuf.h"
+#include "tools/args.h"
+#include "tools/bench_peers.h"
+#include "tools/bench_report.h"
+#include "tools/commands.h"
+#include "tools/progress.h"
+#include "tools/subprocess.h"
+
+namespace rdmabuf::tool {
+namespace {
+
+constexpr auto kTimeout = std::chrono::seconds(60);
+constexpr int kSenders = 2;
+
+struct SendOptions {
+  std::optional<std::string> backend;
+  std::vector<uint64_t> latency_sizes = {8, 4096, 65536};
+  std::vector<uint64_t> sizes = {4096, 65536, 1 << 20, 4 << 20};
+  int iters = 10;
+  bool compare_peer = true;
+  bool json = false;
+};
+
+Result<SendOptions> parse_send_options(int argc, char** argv) {
+  RDMABUF_ASSIGN_OR_RETURN(
+      Args args, parse_args(argc, argv, 2, {"op", "backend", "sizes", "iters", "peer"}, {"json"}));
+  if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
+  SendOptions o;
+  o.backend = args.get("backend");
+  if (auto sizes = args.get("sizes")) {
+    o.sizes.clear();
+    for (const std::string& s : split_list(*sizes)) {
+      auto size = parse_size(s);
+      if (!size.ok() || *size == 0)
+        return InvalidArgument("--sizes: '" + s + "' is not a size > 0");
+      o.sizes.push_back(*size);
+    }
+  }
+  RDMABUF_ASSIGN_OR_RETURN(int64_t iters, args.integer("iters", 10, 1, 100000));
+  o.iters = static_cast<int>(iters);
+  std::string peer = args.get("peer").value_or("auto");
+  if (peer != "auto" && peer != "none") return InvalidArgument("--peer must be auto or none");
+  o.compare_peer = peer == "auto";
+  o.json = args.flags.count("json") > 0;
+  return o;
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+double micros_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+}
+
+// Half round trips of one `size`-byte message echoed by the peer, in us.
+Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int samples) {
+  RDMABUF_ASSIGN_OR_RETURN(LocalMemory ping, LocalMemory::allocate(size));
+  RDMABUF_ASSIGN_OR_RETURN(LocalMemory pong, LocalMemory::allocate(size));
+  std::memset(ping.data(), 'E', size);  // 'E': echo it
+  std::vector<double> half_trips;
+  const int warmup = std::max(20, samples / 10);
+  for (int i = 0; i < warmup + samples; ++i) {
+    auto start = Clock::now();
+    RDMABUF_RETURN_IF_ERROR(endpoint.send(ping, kTimeout));
+    RDMABUF_ASSIGN_OR_RETURN(uint64_t got, endpoint.receive(pong, kTimeout));
+    if (got != size || pong.data()[0] != std::byte{'E'}) {
+      return Internal("the echo came back with " + std::to_string(got) + " bytes, not " +
+                      std::to_string(size));
+    }
+    if (i >= warmup) half_trips.push_back(micros_since(start) / 2);
+  }
+  return half_trips;
+}
+
+// GB/s of `count` messages of `size` bytes sent by kSenders threads at once.
+Result<double> stream(Endpoint& endpoint, uint64_t size, int count) {
+  std::vector<LocalMemory> messages;
+  for (int t = 0; t < kSenders; ++t) {
+    RDMABUF_ASSIGN_OR_RETURN(LocalMemory m, LocalMemory::allocate(size));
+    std::memset(m.data(), 'S', size);  // 'S': the peer drops it
+    messages.push_back(m);
+  }
+  std::vector<Status> failed(kSenders);
+  auto start = Clock::now();
+  std::vector<std::thread> senders;
+  for (int t = 0; t < kSenders; ++t) {
+    senders.emplace_back([&, t] {
+      for (int i = t; i < count; i += kSenders) {
+        Status st = endpoint.send(messages[t], kTimeout);
+        if (!st.ok()) {
+          failed[t] = st;
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& s : senders)
+    s.join();
+  const double us = micros_since(start);
+  for (const Status& st : failed)
+    RDMABUF_RETURN_IF_ERROR(st);
+  return static_cast<double>(size) * count / (us * 1e3);
+}
+
+}  // namespace
+
+int cmd_bench_send(int argc, char** argv) {
+  auto parsed = parse_send_options(argc, argv);
+  if (!parsed.ok()) return fail(parsed.status());
+  const SendOptions o = *parsed;
+  auto config = Config::from_env();
+  if (!config.ok()) return fail(config.status());
+  if (o.backend) config->backends = {*o.backend};
+  auto manager = Manager::create(*config);
+  if (!manager.ok()) return fail(manager.status());
+  std::string backend;
+  for (const BackendInfo& b : (*manager)->backends()) {
+    if (o.backend && b.name == *o.backend && !b.viable) {
+      return fail(FailedPrecondition("backend " + b.name + " is not viable here: " + b.reason));
+    }
+    if (b.viable && backend.empty()) backend = b.name;
+  }
+  if (backend.empty()) return fail(FailedPrecondition("no viable backend"));
+  // UCX over the same transport: TCP beside tcp, shared memory beside memory.
+  const std::string ucx_tls = backend == "tcp"      ? "tcp,self"
+                              : backend == "memory" ? "posix,sysv,self"
+                                                    : "";
+  const bool run_ucx = o.compare_peer && !ucx_tls.empty() && on_path("ucx_perftest");
+
+  uint64_t max_size = 4096;
+  for (uint64_t s : o.sizes)
+    max_size = std::max(max_size, s);
+  for (uint64_t s : o.latency_sizes)
+    max_size = std::max(max_size, s);
+  Child::Options options;
+  options.env.emplace_back("RDMABUF_BACKENDS", backend);
+  options.quiet_stderr = true;
+  auto peer = Child::spawn({"/proc/self/exe", "serve", "--size", std::to_string(max_size),
+                            "--pattern", "zero", "--endpoint"},
+                           options);
+  if (!peer.ok()) return fail(peer.status());
+  std::string address;
+  for (int line = 0; line < 2; ++line) {
+    auto text = peer->read_line(std::chrono::seconds(30));
+    if (!text.ok()) return fail(text.status().with_context("the peer process did not start"));
+    if (text->rfind("endpoint ", 0) == 0) address = text->substr(9);
+  }
+  auto connected = (*manager)->connect(address, kTimeout);
+  if (!connected.ok()) return fail(connected.status().with_context("connecting to the peer"));
+  Endpoint& endpoint = **connected;
+
+  Progress progress(static_cast<int>(o.latency_sizes.size() + o.sizes.size()) * (run_ucx ? 2 : 1));
+  std::vector<Figure> figures;
+  const std::string system = "rdmabuf " + backend;
+  const std::string ucx = backend == "tcp" ? "UCX tcp" : "UCX shm";
+  for (uint64_t size : o.latency_sizes) {
+    progress.step("latency: " + format_bytes(size));
+    auto trips = ping_pong(endpoint, size, std::max(1000, o.iters * 100));
+    if (!trips.ok()) return fail(trips.status());
+    Figure f = Figure::of(system, "latency", "send", size);
+    f.p50_us = percentile(*trips, 50);
+    f.p99_us = percentile(*trips, 99);
+    f.runs = static_cast<int>(trips->size());
+    figures.push_back(f);
+    if (!run_ucx) continue;
+    progress.step("ucx_perftest tag_lat " + format_bytes(size));
+    auto u = run_ucx_perftest("tag_lat", size, 10000, ucx_tls);
+    if (!u.ok()) {
+      std::fprintf(stderr, "rdmabuf bench: ucx_perftest tag_lat: %s\n",
+                   u.status().to_string().c_str());
+      continue;
+    }
+    Figure g = Figure::of(ucx, "latency", "send", size);
+    g.p50_us = u->p50_us;
+    g.note = "tag_lat: half a round trip";
+    figures.push_back(g);
+  }
+  for (uint64_t size : o.sizes) {
+    progress.step("bandwidth: " + format_bytes(size));
+    const int count = static_cast<int>(std::clamp<uint64_t>((256u << 20) / size, 64, 20000));
+    std::vector<double> gbps;
+    for (int r = 0; r < o.iters + 1; ++r) {
+      auto g = stream(endpoint, size, count);
+      if (!g.ok()) return fail(g.status());
+      if (r > 0) gbps.push_back(*g);  // the first is the warm-up
+    }
+    Figure f = Figure::of(system, "bandwidth", "send", size);
+    f.gbps = percentile(gbps, 50);
+    f.runs = o.iters;
+    figures.push_back(f);
+    if (!run_ucx) continue;
+    progress.step("ucx_perftest tag_bw " + format_bytes(size));
+    auto u = run_ucx_perftest("tag_bw", size, count, ucx_tls);
+    if (!u.ok()) {
+      std::fprintf(stderr, "rdmabuf bench: ucx_perftest tag_bw: %s\n",
+                   u.status().to_string().c_str());
+      continue;
+    }
+    Figure g = Figure::of(ucx, "bandwidth", "send", size);
+    g.gbps = u->gbps;
+    figures.push_back(g);
+  }
+  progress.finish();
+  endpoint.close();
+
+  const auto comparisons = compare(figures, {{backend, {ucx}}});
+  if (o.json) {
+    RunInfo info;
+    info.command = "rdmabuf bench --op send";
+    std::fputs(render_json(info, figures, comparisons, {}).c_str(), stdout);
+    return kExitOk;
+  }
+  std::printf("rdmabuf bench --op send: Endpoint messages over %s, peer %s process %d\n\n",
+              backend.c_str(), "local", peer->pid());
+  std::printf("%-9s %-9s %12s %12s  %-10s %12s %8s\n", "measure", "size", "rdmabuf", "p99",
+              ucx.c_str(), "", "x");
+  for (const Figure& f : figures) {
+    if (f.system != system) continue;
+    const bool latency = f.kind == "latency";
+    std::printf("%-9s %-9s %9.*f %s %9.1f", latency ? "latency" : "bandwidth",
+                format_bytes(f.size).c_str(), latency ? 1 : 3, headline(f),
+                latency ? "us  " : "GB/s", f.p99_us);
+    for (const Comparison& c : comparisons) {
+      if (c.kind == f.kind && c.size == f.size) {
+        std::printf("  %9.*f %s %8.2f", latency ? 1 : 3, c.peer_figure, latency ? "us  " : "GB/s",
+                    c.speedup);
+      }
+    }
+    std::printf("\n");
+  }
+  std::printf(
+      "\nlatency: one message, half its ping-pong round trip (as tag_lat reports), p50 and p99;\n"
+      "bandwidth: messages sent back to back by %d threads, median of %d runs;\n"
+      "x: how many times faster rdmabuf is (above 1: faster). GB/s = 1e9 bytes/s.\n",
+      kSenders, o.iters);
+  if (!run_ucx && o.compare_peer) {
+    std::printf("(ucx_perftest %s: install ucx-utils to see UCX beside rdmabuf)\n",
+                ucx_tls.empty() ? "has no transport like this one" : "not found");
+  }
+  return kExitOk;
+}
+
+}  // namespace rdmabuf::tool
