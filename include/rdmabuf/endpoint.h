@@ -96,7 +96,9 @@ class Endpoint {
   // kInvalidArgument when the message was larger than `into` (the sender's
   // send fails too; `into` holds nothing of it); kDeadlineExceeded when no
   // message came in time; kUnavailable when the endpoint broke. `into` must
-  // stay valid until the call returns. Thread-safe.
+  // stay valid until the call returns. After a failure its bytes are
+  // unspecified: a message cut short (a dead sender, a deadline) may have
+  // partly landed. Thread-safe.
   Result<uint64_t> receive(const LocalMemory& into, std::chrono::milliseconds timeout);
 
   // A one-sided write of `src` into `dst` (a buffer of the peer's manager)
