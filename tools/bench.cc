@@ -37,8 +37,11 @@ constexpr uint64_t kOneRange = ~uint64_t{0};
 
 // How the ops of a bandwidth row lie in memory: "spread" over a --window of
 // distinct ranges (data that is not in any cache, as a user's usually is
-// not), or "one-range": all on the same range, the shape iperf3, qperf,
-// ucx_perftest and perftest measure (one buffer, reused).
+// not), or "one-range": every op reads its bytes from the same range (the
+// remote one for reads, the local one for writes), the shape iperf3,
+// qperf, ucx_perftest and perftest measure (one buffer, reused). Their
+// destinations stay distinct: ops in flight together must not write the
+// same bytes.
 const std::vector<std::string> kLayouts = {"spread", "one-range"};
 
 struct Options {
@@ -152,17 +155,20 @@ class Bench {
   // Submits `batch` ops of `size` and waits; returns microseconds. Op j
   // covers [j * stride, + size) on both sides; stride == size lays the ops
   // end to end (a backend may then merge them), a larger stride keeps them
-  // apart, kOneRange puts them all on [0, size).
+  // apart; kOneRange takes every op's source from [0, size) and spreads the
+  // destinations as size would.
   Result<double> run_batch(OpKind kind, uint64_t size, uint64_t batch, uint64_t stride = 0) {
     if (stride == 0) stride = size;
     std::vector<Op> ops;
     ops.reserve(batch);
     for (uint64_t j = 0; j < batch; ++j) {
-      uint64_t offset = stride == kOneRange ? 0 : (j * stride) % (remote_.size() - size + 1);
-      RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer r, remote_.slice(offset, size));
+      const bool one_range = stride == kOneRange;
+      const uint64_t offset = (j * (one_range ? size : stride)) % span_limit(size);
+      const bool read = kind == OpKind::kReadIntoLocal;
+      RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer r, remote_.slice(one_range && read ? 0 : offset, size));
       // A slice shares the buffer's keepalive, as a user's should: backends
       // that register memory with a NIC cache the registration by it.
-      RDMABUF_ASSIGN_OR_RETURN(LocalMemory l, local_.slice(offset, size));
+      RDMABUF_ASSIGN_OR_RETURN(LocalMemory l, local_.slice(one_range && !read ? 0 : offset, size));
       ops.push_back(Op{kind, std::move(r), std::move(l)});
     }
     auto start = Clock::now();
@@ -173,11 +179,17 @@ class Bench {
     return std::chrono::duration<double, std::micro>(end - start).count();
   }
 
-  // Checks that local [offset, +bytes) holds the peer's pattern there.
-  Status verify(uint64_t offset, uint64_t bytes) const {
+  // Where op j's range may start, on both sides: [0, span_limit(size)).
+  uint64_t span_limit(uint64_t size) const {
+    return std::min(remote_.size(), local_.size()) - size + 1;
+  }
+
+  // Checks that local [offset, +bytes) holds the peer's pattern of
+  // [remote_offset, +bytes).
+  Status verify(uint64_t offset, uint64_t bytes, uint64_t remote_offset) const {
     if (!verify_) return Status::Ok();
-    if (offset + bytes > reference_.size()) return Status::Ok();
-    if (std::memcmp(local_.data() + offset, reference_.data() + offset, bytes) != 0) {
+    if (remote_offset + bytes > reference_.size()) return Status::Ok();
+    if (std::memcmp(local_.data() + offset, reference_.data() + remote_offset, bytes) != 0) {
       return Internal("bench read back bytes that differ from the peer's pattern");
     }
     return Status::Ok();
@@ -198,9 +210,16 @@ class Bench {
       us.push_back(t);
       gbps.push_back(static_cast<double>(size * batch) / (t * 1e3));
     }
+    if (kind == OpKind::kWriteFromLocal && stride == kOneRange && verify_) {
+      // One source over many destinations broke the peer's pattern there:
+      // put it back (untimed), so that later reads can be checked.
+      fill_seq(local_.span().first(batch * size), 0);
+      RDMABUF_RETURN_IF_ERROR(run_batch(kind, size, batch, size).status());
+    }
     if (kind == OpKind::kReadIntoLocal) {
-      for (uint64_t j = 0; j < (stride == kOneRange ? 1 : batch); ++j) {
-        RDMABUF_RETURN_IF_ERROR(verify(j * stride, size));
+      for (uint64_t j = 0; j < batch; ++j) {
+        const uint64_t offset = (j * (stride == kOneRange ? size : stride)) % span_limit(size);
+        RDMABUF_RETURN_IF_ERROR(verify(offset, size, stride == kOneRange ? 0 : offset));
       }
     }
     Sample s;
@@ -223,7 +242,7 @@ class Bench {
       RDMABUF_ASSIGN_OR_RETURN(double t, run_batch(kind, size, 1));
       if (r >= kWarmupReps * 50) us.push_back(t);
     }
-    if (kind == OpKind::kReadIntoLocal) RDMABUF_RETURN_IF_ERROR(verify(0, size));
+    if (kind == OpKind::kReadIntoLocal) RDMABUF_RETURN_IF_ERROR(verify(0, size, 0));
     Sample s;
     s.op = op_kind_name(kind);
     s.size = size;
