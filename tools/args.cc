@@ -21,6 +21,20 @@ Result<uint64_t> Args::size(const std::string& name, uint64_t fallback) const {
   return static_cast<uint64_t>(*parsed);
 }
 
+Result<std::vector<uint64_t>> Args::size_list(const std::string& name,
+                                              const std::string& fallback) const {
+  std::vector<uint64_t> sizes;
+  for (const std::string& s : split_list(get(name).value_or(fallback))) {
+    auto size = parse_size(s);
+    if (!size.ok() || *size == 0) {
+      return InvalidArgument("--" + name + ": '" + s + "' is not a size > 0");
+    }
+    sizes.push_back(*size);
+  }
+  if (sizes.empty()) return InvalidArgument("--" + name + " is empty");
+  return sizes;
+}
+
 Result<int64_t> Args::integer(const std::string& name, int64_t fallback, int64_t min,
                               int64_t max) const {
   auto value = get(name);

@@ -22,6 +22,10 @@ struct Args {
   std::optional<std::string> get(const std::string& name) const;
   // A size option ("4096", "64K", "1M"); `fallback` when absent.
   Result<uint64_t> size(const std::string& name, uint64_t fallback) const;
+  // A comma-separated list of sizes > 0 ("4K,64K,1M"); `fallback` (the
+  // same form) when absent. kInvalidArgument for a bad or empty list.
+  Result<std::vector<uint64_t>> size_list(const std::string& name,
+                                          const std::string& fallback) const;
   // An integer option in [min, max]; `fallback` when absent.
   Result<int64_t> integer(const std::string& name, int64_t fallback, int64_t min,
                           int64_t max) const;

@@ -6,8 +6,6 @@
 // transfer to a peer, registration) are reported apart. Reads are checked
 // byte for byte against the peer's pattern, so a fast wrong answer fails.
 #include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +20,7 @@
 #include "rdmabuf/rdmabuf.h"
 #include "tools/args.h"
 #include "tools/bench_peers.h"
+#include "tools/bench_report.h"
 #include "tools/commands.h"
 #include "tools/pattern.h"
 #include "tools/progress.h"
@@ -88,13 +87,6 @@ Sample setup_sample(const std::string& op, uint64_t size, double us) {
   return s;
 }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
-  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
-}
-
 double median(const std::vector<double>& v) {
   return percentile(v, 50);
 }
@@ -107,13 +99,7 @@ Result<Options> parse_options(int argc, char** argv) {
   if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
   Options o;
   o.backend = args.get("backend");
-  std::string sizes = args.get("sizes").value_or("4K,64K,1M,4M,16M,64M");
-  for (const std::string& s : split_list(sizes)) {
-    auto size = parse_size(s);
-    if (!size.ok() || *size == 0) return InvalidArgument("--sizes: '" + s + "' is not a size > 0");
-    o.sizes.push_back(*size);
-  }
-  if (o.sizes.empty()) return InvalidArgument("--sizes is empty");
+  RDMABUF_ASSIGN_OR_RETURN(o.sizes, args.size_list("sizes", "4K,64K,1M,4M,16M,64M"));
   RDMABUF_ASSIGN_OR_RETURN(int64_t batch, args.integer("batch", 1024, 1, 65536));
   o.batch = static_cast<int>(batch);
   if (args.has("streams")) {

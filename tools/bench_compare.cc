@@ -59,19 +59,6 @@ struct CompareOptions {
   std::string command;  // as given, to reproduce the run
 };
 
-Result<std::vector<uint64_t>> parse_sizes(const std::string& option, const std::string& text) {
-  std::vector<uint64_t> sizes;
-  for (const std::string& s : split_list(text)) {
-    auto size = parse_size(s);
-    if (!size.ok() || *size == 0) {
-      return InvalidArgument("--" + option + ": '" + s + "' is not a size > 0");
-    }
-    sizes.push_back(*size);
-  }
-  if (sizes.empty()) return InvalidArgument("--" + option + " is empty");
-  return sizes;
-}
-
 Result<CompareOptions> parse_compare_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(
       Args args,
@@ -79,10 +66,8 @@ Result<CompareOptions> parse_compare_options(int argc, char** argv) {
                  {"compare", "no-install", "no-vm"}));
   if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
   CompareOptions o;
-  RDMABUF_ASSIGN_OR_RETURN(
-      o.sizes, parse_sizes("sizes", args.get("sizes").value_or("4K,16K,64K,256K,1M,4M,16M,64M")));
-  RDMABUF_ASSIGN_OR_RETURN(o.vm_sizes,
-                           parse_sizes("vm-sizes", args.get("vm-sizes").value_or("4K,64K,1M")));
+  RDMABUF_ASSIGN_OR_RETURN(o.sizes, args.size_list("sizes", "4K,16K,64K,256K,1M,4M,16M,64M"));
+  RDMABUF_ASSIGN_OR_RETURN(o.vm_sizes, args.size_list("vm-sizes", "4K,64K,1M"));
   RDMABUF_ASSIGN_OR_RETURN(int64_t rounds, args.integer("rounds", 3, 1, 100));
   RDMABUF_ASSIGN_OR_RETURN(int64_t iters, args.integer("iters", 20, 1, 100000));
   RDMABUF_ASSIGN_OR_RETURN(int64_t seconds, args.integer("seconds", 1, 1, 60));

@@ -45,6 +45,9 @@ struct Figure {
 // The figure that stands for a kind of measurement: GB/s, µs or ops/s.
 double headline(const Figure& f);
 
+// The nearest-rank `p`th percentile of `v` (0 when empty).
+double percentile(std::vector<double> v, double p);
+
 // One figure per (system, kind, op, size): the median of the runs of each.
 std::vector<Figure> median_of_runs(const std::vector<Figure>& runs);
 

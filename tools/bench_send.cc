@@ -35,7 +35,7 @@ constexpr int kSenders = 2;
 struct SendOptions {
   std::optional<std::string> backend;
   std::vector<uint64_t> latency_sizes = {8, 4096, 65536};
-  std::vector<uint64_t> sizes = {4096, 65536, 1 << 20, 4 << 20};
+  std::vector<uint64_t> sizes;
   int iters = 10;
   bool compare_peer = true;
   bool json = false;
@@ -47,15 +47,7 @@ Result<SendOptions> parse_send_options(int argc, char** argv) {
   if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
   SendOptions o;
   o.backend = args.get("backend");
-  if (auto sizes = args.get("sizes")) {
-    o.sizes.clear();
-    for (const std::string& s : split_list(*sizes)) {
-      auto size = parse_size(s);
-      if (!size.ok() || *size == 0)
-        return InvalidArgument("--sizes: '" + s + "' is not a size > 0");
-      o.sizes.push_back(*size);
-    }
-  }
+  RDMABUF_ASSIGN_OR_RETURN(o.sizes, args.size_list("sizes", "4K,64K,1M,4M"));
   RDMABUF_ASSIGN_OR_RETURN(int64_t iters, args.integer("iters", 10, 1, 100000));
   o.iters = static_cast<int>(iters);
   std::string peer = args.get("peer").value_or("auto");
@@ -63,12 +55,6 @@ Result<SendOptions> parse_send_options(int argc, char** argv) {
   o.compare_peer = peer == "auto";
   o.json = args.flags.count("json") > 0;
   return o;
-}
-
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
-  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
 double micros_since(Clock::time_point start) {
