@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -148,9 +149,13 @@ void SlotTable::retract(uint32_t index) {
   const uint64_t generation = s.state.load(std::memory_order_relaxed) >> 1;
   s.state.store(generation << 1, std::memory_order_seq_cst);  // no new copies
   const uint64_t target = slot_target(index, generation);
-  for (uint32_t i = 0; i < kPins; ++i) {
-    PinEntry& e = segment_.pin(i);
-    auto since = std::chrono::steady_clock::now();
+  const uint32_t used =
+      std::min(segment_.header().pins_used.load(std::memory_order_seq_cst), kPins);
+  PinEntry* const pins = &segment_.pin(0);
+  for (uint32_t i = 0; i < used; ++i) {
+    PinEntry& e = pins[i];
+    if (e.target.load(std::memory_order_seq_cst) != target) continue;  // the common case: cheap
+    const auto since = std::chrono::steady_clock::now();
     while (e.target.load(std::memory_order_seq_cst) == target) {
       uint64_t holder = e.holder.load(std::memory_order_acquire);
       if (holder != 0 && holder_is_gone(holder)) {
@@ -198,6 +203,13 @@ Status Pin::acquire(Segment& segment, uint32_t slot, uint64_t generation) {
   if (!claimed) {
     return ResourceExhausted("all " + std::to_string(kPins) +
                              " copy slots of the owner are in use");
+  }
+  // Raised before the target is stored: an owner that retracts the slot
+  // after that store scans this entry.
+  const auto used = static_cast<uint32_t>(claimed - &segment.pin(0)) + 1;
+  std::atomic<uint32_t>& pins_used = segment.header().pins_used;
+  uint32_t seen = pins_used.load(std::memory_order_seq_cst);
+  while (seen < used && !pins_used.compare_exchange_weak(seen, used, std::memory_order_seq_cst)) {
   }
   claimed->target.store(slot_target(slot, generation), std::memory_order_seq_cst);
   entry_ = claimed;

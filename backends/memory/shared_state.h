@@ -13,14 +13,16 @@
 // of one copy: `holder` = pid << 32 | tid, `target` = the slot and
 // generation it copies from.
 //
-// Reader:  claim an entry, store target (seq_cst), then load the slot's
+// Reader:  claim an entry, raise `pins_used` past it, store target
+//          (seq_cst), then load the slot's
 //          state (seq_cst): not the handle's generation, or not live, means
 //          the buffer is gone: unpin, kNotFound. Else copy, then unpin.
 // Owner:   release stores the slot's state dead (seq_cst), then scans the
-//          pins and waits while an entry targets the slot, unless its holder
-//          is dead (the entry is reaped) or stopped (a stopped thread is not
-//          inside a copy: the kernel stops a task only on its way back to
-//          user space; it will unpin, and its next copy sees the slot dead).
+//          pins below `pins_used` (seq_cst: a target stored before the
+//          state store comes after its raise) and waits while an entry targets the slot, unless its
+//          holder is dead (the entry is reaped) or stopped (a stopped thread is not inside a copy:
+//          the kernel stops a task only on its way back to user space; it will unpin, and its next
+//          copy sees the slot dead).
 // Dekker's argument on target/state makes one side always see the other.
 #pragma once
 
@@ -39,7 +41,7 @@
 
 namespace rdmabuf::memory {
 
-constexpr uint64_t kSegmentMagic = 0x3174617473627264ull;  // "rdbstat1"
+constexpr uint64_t kSegmentMagic = 0x3274617473627264ull;  // "rdbstat2"
 constexpr uint32_t kSlots = 16384;
 constexpr uint32_t kPins = 4096;
 
@@ -49,7 +51,9 @@ struct alignas(64) SegmentHeader {
   uint32_t slots;
   uint32_t pins;
   uint32_t owner_pid;
-  uint32_t reserved;
+  // One past the highest pin entry any reader ever claimed: release scans
+  // only below it (a few entries, not kPins).
+  std::atomic<uint32_t> pins_used;
 };
 
 struct alignas(64) Slot {
