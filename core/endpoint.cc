@@ -15,6 +15,7 @@
 //   lending   kLendRequest -> kLent; kRenew -> kRenewed.
 //   writes    kNotify, after the write of a tagged write completed.
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -50,6 +51,12 @@ constexpr size_t kMaxQueuedBuffers = 4096;
 constexpr auto kWithdrawGrace = std::chrono::seconds(5);
 // A peer that does not read its control frames for this long is dropped.
 constexpr auto kFrameWriteLimit = std::chrono::seconds(10);
+// Bytes read from the control connection at once: many small frames.
+constexpr size_t kInCapacity = 64 * 1024;
+static_assert(kInCapacity >= kHeaderSize + kMaxPayload, "a whole frame fits");
+// Notifications read but not yet delivered by the endpoint's thread; at
+// this many, reading stops until it catches up (backpressure on the writer).
+constexpr size_t kMaxPendingNotes = 1024;
 
 enum class Frame : uint8_t {
   kHello = 1,
@@ -155,14 +162,38 @@ std::chrono::milliseconds left_until(Deadline deadline) {
 
 class EndpointImpl {
  public:
-  EndpointImpl(Manager& manager, Fd fd, std::string peer, uint64_t peer_manager_id, Fd stop)
+  // `events`: an epoll set watching `stop` and `wake` (both level) and `fd`
+  // (one-shot, armed), made by create().
+  EndpointImpl(Manager& manager, Fd fd, std::string peer, uint64_t peer_manager_id, Fd stop,
+               Fd wake, Fd events)
       : manager_(manager),
         fd_(std::move(fd)),
         stop_(std::move(stop)),
+        wake_(std::move(wake)),
+        events_(std::move(events)),
+        in_(std::make_unique<uint8_t[]>(kInCapacity)),
         peer_(std::move(peer)),
         peer_manager_id_(peer_manager_id) {
-    reader_ = std::thread([this] { read_loop(); });
+    reader_ = std::thread([this] { serve(); });
     lease_keeper_ = std::thread([this] { keep_leases(); });
+  }
+
+  static Result<std::unique_ptr<EndpointImpl>> create(Manager& manager, Fd fd, std::string peer,
+                                                      uint64_t peer_manager_id) {
+    RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
+    RDMABUF_ASSIGN_OR_RETURN(Fd wake, make_eventfd());
+    Fd events(::epoll_create1(EPOLL_CLOEXEC));
+    if (!events.valid()) return Internal("epoll_create1: " + errno_text(errno));
+    for (int watched : {stop.get(), wake.get(), fd.get()}) {
+      epoll_event e{};
+      e.events = watched == fd.get() ? EPOLLIN | EPOLLONESHOT : EPOLLIN;
+      e.data.fd = watched;
+      if (::epoll_ctl(events.get(), EPOLL_CTL_ADD, watched, &e) != 0) {
+        return Internal("epoll_ctl: " + errno_text(errno));
+      }
+    }
+    return std::make_unique<EndpointImpl>(manager, std::move(fd), std::move(peer), peer_manager_id,
+                                          std::move(stop), std::move(wake), std::move(events));
   }
 
   ~EndpointImpl() { close(Cancelled("the endpoint was closed")); }
@@ -184,7 +215,7 @@ class EndpointImpl {
       Credit credit;
       {
         std::unique_lock lock(mu_);
-        if (!wait_until(lock, deadline, [&] { return !credits_.empty() || !broken_.ok(); })) {
+        if (!await(lock, deadline, [&] { return !credits_.empty() || !broken_.ok(); })) {
           return DeadlineExceeded("the peer posted no receive in time");
         }
         if (!broken_.ok()) return broken_;
@@ -250,14 +281,14 @@ class EndpointImpl {
     {
       std::unique_lock lock(mu_);
       auto answered = [&] { return waiting_[seq].answered || !broken_.ok(); };
-      if (sent.ok() && !wait_until(lock, deadline, answered)) {
+      if (sent.ok() && !await(lock, deadline, answered)) {
         lock.unlock();
         // Withdraw: no byte may land once we return. Release first (it waits
         // for a write in flight), then ask the sender what became of it.
         if (handle.valid()) manager_.release(handle).ignore();
         Status withdrawn = write_frame(FrameBuilder(Frame::kWithdrawn).u64(seq).u64(0));
         lock.lock();
-        if (withdrawn.ok() && !cv_.wait_until(lock, Clock::now() + kWithdrawGrace, answered)) {
+        if (withdrawn.ok() && !await(lock, Clock::now() + kWithdrawGrace, answered)) {
           lock.unlock();
           break_with(DeadlineExceeded("the peer did not answer a withdrawn receive"));
           lock.lock();
@@ -375,21 +406,6 @@ class EndpointImpl {
     return broken_;
   }
 
-  // cv_.wait_until, after spinning (yielding the CPU between checks) for
-  // Config::busy_poll: an answer that comes within microseconds is taken
-  // without the cost of sleeping and being woken.
-  template <typename Pred>
-  bool wait_until(std::unique_lock<std::mutex>& lock, Deadline deadline, Pred ready) {
-    const Deadline spin_until = std::min(deadline, Clock::now() + busy_poll_);
-    while (!ready()) {
-      if (Clock::now() >= spin_until) return cv_.wait_until(lock, deadline, ready);
-      lock.unlock();
-      std::this_thread::yield();
-      lock.lock();
-    }
-    return true;
-  }
-
   void break_with(const Status& why) {
     {
       std::lock_guard lock(mu_);
@@ -446,7 +462,7 @@ class EndpointImpl {
     Status sent = write_frame(request);
     std::unique_lock lock(mu_);
     if (sent.ok()) {
-      cv_.wait_until(lock, deadline, [&] { return replies_[id].arrived || !broken_.ok(); });
+      await(lock, deadline, [&] { return replies_[id].arrived || !broken_.ok(); });
     }
     Reply reply = std::move(replies_[id]);
     replies_.erase(id);  // a late reply is then ignored
@@ -461,8 +477,7 @@ class EndpointImpl {
   template <typename T>
   Result<T> take_next(std::deque<T>& queue, std::chrono::milliseconds timeout, const char* late) {
     std::unique_lock lock(mu_);
-    if (!cv_.wait_until(lock, deadline_after(timeout),
-                        [&] { return !queue.empty() || !broken_.ok(); })) {
+    if (!await(lock, deadline_after(timeout), [&] { return !queue.empty() || !broken_.ok(); })) {
       return DeadlineExceeded(late);
     }
     if (queue.empty()) return broken_;
@@ -471,63 +486,193 @@ class EndpointImpl {
     return next;
   }
 
-  // --- the reader thread: one frame at a time, in order --------------------------------
+  // --- progress: whoever waits reads --------------------------------------------------
+  //
+  // Frames are read and dispatched, in order, by whichever thread holds the
+  // reader role (read_mu_). A caller that waits for the peer (a credit, a
+  // message, a reply) takes the role and reads the socket itself, so what it
+  // waits for reaches it without a hand-off between threads; other callers
+  // follow on cv_ and take the role when it comes free. When no caller holds
+  // it, the endpoint's thread does, woken by epoll (the socket is watched
+  // only then). Notifications are queued, and delivered by the endpoint's
+  // thread alone, so a handler never runs inside a caller's call.
 
-  // The next whole frame from the socket, through a buffer: one recv brings
-  // many small frames. Spins for Config::busy_poll after the last frame
-  // before it sleeps in poll().
-  Status next_frame(Frame& type, std::vector<uint8_t>& payload) {
-    Deadline spin_until = Clock::now() + busy_poll_;
+  // Waits (lock held) until `ready`, reading frames meanwhile; false at the
+  // deadline. Spins for Config::busy_poll before it sleeps.
+  template <typename Pred>
+  bool await(std::unique_lock<std::mutex>& lock, Deadline deadline, Pred ready) {
+    const Deadline spin_until = std::min(deadline, Clock::now() + busy_poll_);
+    auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
+    while (!ready()) {
+      const Deadline now = Clock::now();
+      if (now >= deadline) return false;
+      if (may_lead() && read_mu_.try_lock()) {
+        reading_ = true;
+        lock.unlock();
+        lead(deadline, ready);
+        lock.lock();
+      } else if (now < spin_until) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+      } else {
+        cv_.wait_until(lock, deadline, [&] { return ready() || may_lead(); });
+      }
+    }
+    return true;
+  }
+
+  // Reads as the reader role's holder (taken by await) until `ready`, the
+  // deadline, the endpoint closing or notifications piling up; then gives
+  // the role back.
+  template <typename Pred>
+  void lead(Deadline deadline, Pred ready) {
+    watch_socket(false);
+    Deadline spin_until = std::min(deadline, Clock::now() + busy_poll_);
+    Status st;
     while (true) {
-      const size_t held = in_.size() - in_at_;
-      if (held >= kHeaderSize) {
-        WireReader r(std::span<const uint8_t>(in_).subspan(in_at_, kHeaderSize));
+      bool progressed = false;
+      st = pump(progressed);
+      bool done;
+      {
+        std::lock_guard lock(mu_);
+        done = ready() || notes_.size() >= kMaxPendingNotes;
+      }
+      if (progressed) cv_.notify_all();
+      const Deadline now = Clock::now();
+      if (!st.ok() || done || now >= deadline) break;
+      if (progressed) {
+        spin_until = std::min(deadline, now + busy_poll_);
+      } else if (now < spin_until) {
+        std::this_thread::yield();
+      } else if (wait_fd(fd_.get(), POLLIN, deadline, stop_.get()).code() ==
+                 StatusCode::kCancelled) {
+        break;  // closing; other outcomes: the next pump tells
+      }
+    }
+    give_back_role();
+    if (!st.ok()) fail_reading(st);
+  }
+
+  // Every holder of the role unwatches the socket when it takes the role and
+  // watches it again after it let go, so bytes that come while nobody holds
+  // the role wake the endpoint's thread.
+  void give_back_role() {
+    {
+      std::lock_guard lock(mu_);
+      reading_ = false;
+    }
+    read_mu_.unlock();
+    watch_socket(true);
+    cv_.notify_all();  // a follower may lead now
+  }
+
+  // Arms (one-shot) or disarms the endpoint thread's watch on the socket.
+  void watch_socket(bool on) {
+    epoll_event e{};
+    e.events = on ? EPOLLIN | EPOLLONESHOT : 0;
+    e.data.fd = fd_.get();
+    ::epoll_ctl(events_.get(), EPOLL_CTL_MOD, fd_.get(), &e);
+  }
+
+  // Dispatches every whole frame held, reading the socket until it has no
+  // more; never blocks. Reader role held. `progressed`: a frame was taken.
+  // Stops early, leaving frames unread, while kMaxPendingNotes notifications
+  // wait for the endpoint's thread.
+  Status pump(bool& progressed) {
+    while (true) {
+      while (in_end_ - in_begin_ >= kHeaderSize) {
+        WireReader r(std::span<const uint8_t>(in_.get() + in_begin_, kHeaderSize));
         const uint32_t size = r.get<uint32_t>();
+        const auto type = static_cast<Frame>(r.get<uint8_t>());
         if (size > kMaxPayload) {
           return ProtocolError("endpoint frame of " + std::to_string(size) + " bytes (at most " +
                                std::to_string(kMaxPayload) + ")");
         }
-        if (held >= kHeaderSize + size) {
-          type = static_cast<Frame>(in_[in_at_ + 4]);
-          payload.assign(in_.begin() + static_cast<ptrdiff_t>(in_at_ + kHeaderSize),
-                         in_.begin() + static_cast<ptrdiff_t>(in_at_ + kHeaderSize + size));
-          in_at_ += kHeaderSize + size;
+        if (in_end_ - in_begin_ < kHeaderSize + size) break;
+        if (type == Frame::kNotify && notes_full()) {
+          signal_eventfd(wake_.get());
           return Status::Ok();
         }
+        RDMABUF_RETURN_IF_ERROR(
+            dispatch(type, std::span<const uint8_t>(in_.get() + in_begin_ + kHeaderSize, size)));
+        in_begin_ += kHeaderSize + size;
+        progressed = true;
       }
       // Keep what is left of a frame at the front, then read more.
-      in_.erase(in_.begin(), in_.begin() + static_cast<ptrdiff_t>(in_at_));
-      in_at_ = 0;
-      const size_t have = in_.size();
-      in_.resize(have + 64 * 1024);
-      ssize_t n = ::recv(fd_.get(), in_.data() + have, in_.size() - have, MSG_DONTWAIT);
-      in_.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
-      if (n > 0) continue;
-      if (n == 0) return Unavailable("connection closed by peer");
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable("recv: " + errno_text(errno));
-      if (Clock::now() < spin_until && !stopping()) {
-        std::this_thread::yield();
+      std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
+      in_end_ -= in_begin_;
+      in_begin_ = 0;
+      ssize_t n = ::recv(fd_.get(), in_.get() + in_end_, kInCapacity - in_end_, MSG_DONTWAIT);
+      if (n > 0) {
+        in_end_ += static_cast<size_t>(n);
         continue;
       }
-      RDMABUF_RETURN_IF_ERROR(wait_fd(fd_.get(), POLLIN, Deadline::max(), stop_.get()));
-      spin_until = Clock::now() + busy_poll_;
+      if (n == 0) return Unavailable("connection closed by peer");
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Ok();
+      return Unavailable("recv: " + errno_text(errno));
     }
   }
 
-  void read_loop() {
+  bool notes_full() {
+    std::lock_guard lock(mu_);
+    return notes_.size() >= kMaxPendingNotes;
+  }
+
+  void fail_reading(Status st) {
+    if (st.code() != StatusCode::kProtocolError && st.code() != StatusCode::kCancelled &&
+        st.code() != StatusCode::kResourceExhausted) {
+      st = Unavailable("the peer closed the endpoint (" + st.message() + ")");
+    }
+    break_with(st);
+  }
+
+  // The endpoint's thread: reads while no caller does, and delivers the
+  // notifications.
+  void serve() {
     while (true) {
-      Frame type{};
-      std::vector<uint8_t> payload;
-      Status st = next_frame(type, payload);
-      if (st.ok()) st = dispatch(type, payload);
-      if (st.ok()) continue;
-      if (st.code() != StatusCode::kProtocolError && st.code() != StatusCode::kCancelled &&
-          st.code() != StatusCode::kResourceExhausted) {
-        st = Unavailable("the peer closed the endpoint (" + st.message() + ")");
+      epoll_event events[3];
+      if (::epoll_wait(events_.get(), events, 3, -1) < 0 && errno != EINTR) {
+        break_with(Internal("epoll_wait: " + errno_text(errno)));
+        return;
       }
-      break_with(st);
-      return;
+      drain_eventfd(wake_.get());
+      if (!deliver_notes()) {
+        break_with(Cancelled("the manager is shutting down"));
+        break;
+      }
+      if (stopping()) break;
+      if (!read_mu_.try_lock()) continue;  // a caller reads; it watches the socket again after
+      {
+        std::lock_guard lock(mu_);
+        reading_ = true;
+      }
+      watch_socket(false);
+      bool progressed = false;
+      Status st = pump(progressed);
+      give_back_role();
+      if (!st.ok()) {
+        fail_reading(st);
+        break;
+      }
+    }
+    deliver_notes();  // what was read before the end, while the queue has room
+  }
+
+  // Hands the queued notifications to the manager, oldest first; waits
+  // while its queue is full. False when the endpoint is closing.
+  bool deliver_notes() {
+    while (true) {
+      Notification n;
+      {
+        std::lock_guard lock(mu_);
+        if (notes_.empty()) return true;
+        n = std::move(notes_.front());
+        notes_.pop_front();
+      }
+      cv_.notify_all();  // reading may go on, if it had stopped
+      if (!manager_.notifications().push(n, [this] { return stopping(); })) return false;
     }
   }
 
@@ -613,10 +758,13 @@ class EndpointImpl {
         n.length = r.get<uint64_t>();
         n.peer = peer_;
         if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint notification");
-        // Waits while the owner's queue is full: backpressure on the writer.
-        if (!manager_.notifications().push(n, [this] { return stopping(); })) {
-          return Cancelled("the manager is shutting down");
+        bool first;
+        {
+          std::lock_guard lock(mu_);
+          first = notes_.empty();
+          notes_.push_back(std::move(n));
         }
+        if (first) signal_eventfd(wake_.get());  // the endpoint's thread delivers it
         return Status::Ok();
       }
       case Frame::kLendRequest: {
@@ -789,15 +937,22 @@ class EndpointImpl {
   Manager& manager_;
   const std::chrono::microseconds busy_poll_ = manager_.config().busy_poll;
   Fd fd_;
-  Fd stop_;                  // readable once closing
-  std::vector<uint8_t> in_;  // bytes read, not yet taken (reader thread only)
-  size_t in_at_ = 0;
+  Fd stop_;    // readable once closing
+  Fd wake_;    // readable when the endpoint's thread has notifications to deliver
+  Fd events_;  // epoll: stop_, wake_, and fd_ while no caller reads it
+  // The reader role: its holder alone reads fd_ and dispatches (in_).
+  std::mutex read_mu_;
+  std::unique_ptr<uint8_t[]> in_;  // bytes read, [in_begin_, in_end_) not yet taken
+  size_t in_begin_ = 0;
+  size_t in_end_ = 0;
   const std::string peer_;
   const uint64_t peer_manager_id_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   Status broken_;                        // OK while usable
+  bool reading_ = false;                 // the reader role is held
+  std::deque<Notification> notes_;       // for the endpoint's thread to deliver
   std::deque<Credit> credits_;           // the peer's receives, not yet taken
   std::map<uint64_t, bool> in_send_;     // taken credits: withdrawn meanwhile?
   std::map<uint64_t, Receive> waiting_;  // our posted receives
@@ -891,10 +1046,10 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
     RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id,
                              greet(fd.get(), state_->manager.identity().manager_id, deadline));
     auto peer = peer_address(fd.get());
-    RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
-    return std::unique_ptr<Endpoint>(new Endpoint(std::make_unique<EndpointImpl>(
-        state_->manager, std::move(fd), peer.ok() ? peer->to_string() : "?", peer_id,
-        std::move(stop))));
+    RDMABUF_ASSIGN_OR_RETURN(auto impl,
+                             EndpointImpl::create(state_->manager, std::move(fd),
+                                                  peer.ok() ? peer->to_string() : "?", peer_id));
+    return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
   }
 }
 
@@ -915,9 +1070,9 @@ Result<std::unique_ptr<Endpoint>> Manager::connect(const std::string& address,
   RDMABUF_ASSIGN_OR_RETURN(HostPort where, parse_host_port(address));
   RDMABUF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(where, deadline));
   RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id, greet(fd.get(), identity().manager_id, deadline));
-  RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
-  return std::unique_ptr<Endpoint>(new Endpoint(std::make_unique<EndpointImpl>(
-      *this, std::move(fd), where.to_string(), peer_id, std::move(stop))));
+  RDMABUF_ASSIGN_OR_RETURN(auto impl,
+                           EndpointImpl::create(*this, std::move(fd), where.to_string(), peer_id));
+  return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
 }
 
 }  // namespace rdmabuf
