@@ -256,8 +256,9 @@ class EndpointImpl {
     }
   }
 
-  Result<uint64_t> receive(const LocalMemory& into, std::chrono::milliseconds timeout) {
-    const Deadline deadline = deadline_after(timeout);
+  // Posts `into` for the next message: the receive's sequence number, for
+  // wait_receive() or abandon_receive().
+  Result<uint64_t> post_receive(const LocalMemory& into) {
     RDMABUF_RETURN_IF_ERROR(usable());
     // A receive that only inline messages fit needs no registration.
     RemoteBuffer handle;
@@ -268,42 +269,80 @@ class EndpointImpl {
     {
       std::lock_guard lock(mu_);
       seq = next_seq_++;
-      Receive posted;
+      Receive& posted = waiting_[seq];
       posted.into = into;
-      waiting_[seq] = std::move(posted);
+      posted.handle = handle;
     }
     FrameBuilder posted(Frame::kPosted);
     posted.u64(seq).u64(into.size());
     posted.blob(handle.valid() ? handle.to_bytes() : std::vector<uint8_t>());
     Status sent = write_frame(posted);
-
-    Receive done;
-    {
-      std::unique_lock lock(mu_);
-      auto answered = [&] { return waiting_[seq].answered || !broken_.ok(); };
-      if (sent.ok() && !await(lock, deadline, answered)) {
-        lock.unlock();
-        // Withdraw: no byte may land once we return. Release first (it waits
-        // for a write in flight), then ask the sender what became of it.
-        if (handle.valid()) manager_.release(handle).ignore();
-        Status withdrawn = write_frame(FrameBuilder(Frame::kWithdrawn).u64(seq).u64(0));
-        lock.lock();
-        if (withdrawn.ok() && !await(lock, Clock::now() + kWithdrawGrace, answered)) {
-          lock.unlock();
-          break_with(DeadlineExceeded("the peer did not answer a withdrawn receive"));
-          lock.lock();
-        }
+    if (!sent.ok()) {
+      {
+        std::lock_guard lock(mu_);
+        waiting_.erase(seq);
       }
-      done = std::move(waiting_[seq]);
-      waiting_.erase(seq);
-      if (!done.answered) {
-        done.status = !sent.ok() ? sent : broken_;
-        if (done.status.ok()) done.status = DeadlineExceeded("no message came in time");
+      if (handle.valid()) manager_.release(handle).ignore();
+      return sent;
+    }
+    return seq;
+  }
+
+  // Waits for the message of receive `seq`: its size. At the deadline the
+  // receive is withdrawn (see Endpoint::receive).
+  Result<uint64_t> wait_receive(uint64_t seq, std::chrono::milliseconds timeout) {
+    const Deadline deadline = deadline_after(timeout);
+    std::unique_lock lock(mu_);
+    auto it = waiting_.find(seq);
+    if (it == waiting_.end() || it->second.abandoned) {
+      return FailedPrecondition("this receive was waited for already");
+    }
+    Receive& receive = it->second;  // map nodes stay put; only this call erases it
+    auto answered = [&] { return receive.answered || !broken_.ok(); };
+    if (!await(lock, deadline, answered)) {
+      lock.unlock();
+      // Withdraw: no byte may land once we return. Release first (it waits
+      // for a write in flight), then ask the sender what became of it.
+      if (receive.handle.valid()) manager_.release(receive.handle).ignore();
+      Status withdrawn = write_frame(FrameBuilder(Frame::kWithdrawn).u64(seq).u64(0));
+      lock.lock();
+      if (withdrawn.ok() && !await(lock, Clock::now() + kWithdrawGrace, answered)) {
+        lock.unlock();
+        break_with(DeadlineExceeded("the peer did not answer a withdrawn receive"));
+        lock.lock();
       }
     }
-    if (handle.valid()) manager_.release(handle).ignore();  // NotFound when withdrawn
+    Receive done = std::move(receive);
+    waiting_.erase(it);
+    if (!done.answered) {
+      done.status = broken_;
+      if (done.status.ok()) done.status = DeadlineExceeded("no message came in time");
+    }
+    lock.unlock();
+    if (done.handle.valid()) manager_.release(done.handle).ignore();  // NotFound when withdrawn
     if (!done.status.ok()) return done.status;
     return done.size;
+  }
+
+  // Gives up receive `seq` without waiting: once this returns, no byte lands
+  // in its memory; a message that landed already is dropped.
+  void abandon_receive(uint64_t seq) {
+    RemoteBuffer handle;
+    bool withdraw = false;
+    {
+      std::lock_guard lock(mu_);
+      auto it = waiting_.find(seq);
+      if (it == waiting_.end() || it->second.abandoned) return;
+      handle = it->second.handle;
+      withdraw = !it->second.answered && broken_.ok();
+      if (withdraw) {
+        it->second.abandoned = true;  // its answer is dropped when it comes
+      } else {
+        waiting_.erase(it);
+      }
+    }
+    if (handle.valid()) manager_.release(handle).ignore();
+    if (withdraw) write_frame(FrameBuilder(Frame::kWithdrawn).u64(seq).u64(0)).ignore();
   }
 
   // --- writes with notifications -------------------------------------------------
@@ -383,6 +422,8 @@ class EndpointImpl {
   // One of our posted receives.
   struct Receive {
     LocalMemory into;
+    RemoteBuffer handle;     // `into`, registered, when larger than inline messages
+    bool abandoned = false;  // given up unanswered: drop the answer
     bool answered = false;
     Status status;  // kSent: OK; kTooLarge: InvalidArgument; kNotTaken: DeadlineExceeded
     uint64_t size = 0;
@@ -715,6 +756,10 @@ class EndpointImpl {
                                ", which is not waiting");
         }
         Receive& receive = it->second;
+        if (receive.abandoned) {
+          waiting_.erase(it);  // nobody waits for it; its memory is not ours to fill
+          break;
+        }
         if ((type == Frame::kSent || inline_data) && size > receive.into.size()) {
           return ProtocolError("the peer says it sent more than the receive holds");
         }
@@ -972,14 +1017,49 @@ class EndpointImpl {
 // --- Endpoint -------------------------------------------------------------------
 
 Endpoint::Endpoint(std::unique_ptr<EndpointImpl> impl) : impl_(std::move(impl)) {}
-Endpoint::~Endpoint() = default;
+Endpoint::~Endpoint() {
+  close();
+}
 
 Status Endpoint::send(const LocalMemory& message, std::chrono::milliseconds timeout) {
   return impl_->send(message, timeout);
 }
 
 Result<uint64_t> Endpoint::receive(const LocalMemory& into, std::chrono::milliseconds timeout) {
-  return impl_->receive(into, timeout);
+  RDMABUF_ASSIGN_OR_RETURN(uint64_t seq, impl_->post_receive(into));
+  return impl_->wait_receive(seq, timeout);
+}
+
+Result<PendingReceive> Endpoint::post_receive(const LocalMemory& into) {
+  RDMABUF_ASSIGN_OR_RETURN(uint64_t seq, impl_->post_receive(into));
+  return PendingReceive(impl_, seq);
+}
+
+// --- PendingReceive -----------------------------------------------------------------
+
+PendingReceive::PendingReceive(std::shared_ptr<EndpointImpl> endpoint, uint64_t seq)
+    : endpoint_(std::move(endpoint)), seq_(seq) {}
+
+PendingReceive::PendingReceive(PendingReceive&& other) noexcept
+    : endpoint_(std::move(other.endpoint_)), seq_(other.seq_) {}
+
+PendingReceive& PendingReceive::operator=(PendingReceive&& other) noexcept {
+  if (this != &other) {
+    if (endpoint_) endpoint_->abandon_receive(seq_);
+    endpoint_ = std::move(other.endpoint_);
+    seq_ = other.seq_;
+  }
+  return *this;
+}
+
+PendingReceive::~PendingReceive() {
+  if (endpoint_) endpoint_->abandon_receive(seq_);
+}
+
+Result<uint64_t> PendingReceive::wait(std::chrono::milliseconds timeout) {
+  if (!endpoint_) return FailedPrecondition("this receive was waited for already");
+  auto endpoint = std::move(endpoint_);
+  return endpoint->wait_receive(seq_, timeout);
 }
 
 Status Endpoint::write(const RemoteBuffer& dst, const LocalMemory& src, uint32_t tag,

@@ -6,7 +6,7 @@
 // the same single backend. Latency is a ping-pong of one message, reported
 // as half the round trip (as tag_lat reports it): the median and p99 of at
 // least 1000 after warm-up. Bandwidth is messages sent back to back by two
-// threads (the API blocks per message) into the peer's four receivers,
+// threads (the API blocks per message) into the peer's 16 posted receives,
 // repeated --iters times: the median. UCX runs once per size after rdmabuf.
 #include <algorithm>
 #include <atomic>

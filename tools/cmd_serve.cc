@@ -20,12 +20,12 @@
 namespace rdmabuf::tool {
 namespace {
 
-// Receives on each endpoint at once: enough for senders in several threads
-// to keep messages in flight.
-constexpr int kReceivers = 4;
+// Receives kept posted on each endpoint: enough for senders in several
+// threads to keep messages in flight.
+constexpr size_t kPosted = 16;
 
-// Accepts endpoints until stopped and serves each with kReceivers threads,
-// each with a receive buffer of `max_message` bytes: a message whose first
+// Accepts endpoints until stopped and serves each with a thread that keeps
+// kPosted receives of `max_message` bytes posted: a message whose first
 // byte is 'E' is sent back as it came (an echo, for latency), any other is
 // dropped (for bandwidth).
 class EndpointServer {
@@ -55,26 +55,35 @@ class EndpointServer {
       if (!endpoint.ok()) continue;
       Endpoint* e = endpoint->get();
       endpoints_.push_back(std::move(endpoint).value());
-      for (int i = 0; i < kReceivers; ++i)
-        receivers_.emplace_back([this, e] { serve(*e); });
+      receivers_.emplace_back([this, e] { serve(*e); });
     }
   }
 
   void serve(Endpoint& endpoint) {
-    auto memory = LocalMemory::allocate(max_message_);
-    if (!memory.ok()) return;
-    while (true) {
-      auto size = endpoint.receive(*memory, std::chrono::hours(24));
-      if (!size.ok()) {
-        if (size.status().code() == StatusCode::kDeadlineExceeded ||
-            size.status().code() == StatusCode::kInvalidArgument) {
-          continue;  // an idle day, or a message too large: go on
-        }
-        return;  // closed
+    std::vector<LocalMemory> buffers;
+    std::vector<PendingReceive> posted;
+    for (size_t i = 0; i < kPosted; ++i) {
+      auto memory = LocalMemory::allocate(max_message_);
+      if (!memory.ok()) return;
+      auto receive = endpoint.post_receive(*memory);
+      if (!receive.ok()) return;
+      buffers.push_back(*memory);
+      posted.push_back(std::move(receive).value());
+    }
+    // Receives are filled in the order they were posted: wait for each in
+    // turn, and post it again once its message is dealt with.
+    for (size_t i = 0;; i = (i + 1) % kPosted) {
+      auto size = posted[i].wait(std::chrono::hours(24));
+      if (size.ok() && *size > 0 && buffers[i].data()[0] == std::byte{'E'}) {
+        auto echo = buffers[i].slice(0, *size);
+        if (!echo.ok() || !endpoint.send(*echo, std::chrono::seconds(60)).ok()) return;
+      } else if (!size.ok() && size.status().code() != StatusCode::kDeadlineExceeded &&
+                 size.status().code() != StatusCode::kInvalidArgument) {
+        return;  // closed (an idle day or a message too large: go on)
       }
-      if (*size == 0 || memory->data()[0] != std::byte{'E'}) continue;
-      auto echo = memory->slice(0, *size);
-      if (!echo.ok() || !endpoint.send(*echo, std::chrono::seconds(60)).ok()) return;
+      auto again = endpoint.post_receive(buffers[i]);
+      if (!again.ok()) return;
+      posted[i] = std::move(again).value();
     }
   }
 

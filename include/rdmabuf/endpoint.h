@@ -60,6 +60,28 @@ namespace rdmabuf {
 class Manager;
 class EndpointImpl;
 
+// A receive posted with Endpoint::post_receive, not yet waited for. Move-only.
+class PendingReceive {
+ public:
+  PendingReceive() = default;
+  PendingReceive(PendingReceive&& other) noexcept;
+  PendingReceive& operator=(PendingReceive&& other) noexcept;
+  // Withdraws the receive when it was not waited for: from then on no byte
+  // lands in its memory, and a message that landed in it already is dropped.
+  ~PendingReceive();
+
+  // Waits for the message: its size. Errors as Endpoint::receive's, and
+  // kFailedPrecondition on a second call. At the deadline the receive is
+  // withdrawn, as receive()'s is.
+  Result<uint64_t> wait(std::chrono::milliseconds timeout);
+
+ private:
+  friend class Endpoint;
+  PendingReceive(std::shared_ptr<EndpointImpl> endpoint, uint64_t seq);
+  std::shared_ptr<EndpointImpl> endpoint_;  // empty once waited for
+  uint64_t seq_ = 0;
+};
+
 // A tagged write (Endpoint::write) that has landed in this manager's memory.
 // The peer says what it wrote; the bytes were in place before it said so.
 struct Notification {
@@ -101,6 +123,13 @@ class Endpoint {
   // partly landed. Thread-safe.
   Result<uint64_t> receive(const LocalMemory& into, std::chrono::milliseconds timeout);
 
+  // receive() in two steps: posts `into` now (the peer may send into it at
+  // once), and the message comes with PendingReceive::wait. Receives are
+  // filled in the order they were posted, so a receiver can keep several
+  // posted and wait for them in turn, with no thread per receive. `into`
+  // must stay valid until the wait returns or the PendingReceive is gone.
+  Result<PendingReceive> post_receive(const LocalMemory& into);
+
   // A one-sided write of `src` into `dst` (a buffer of the peer's manager)
   // that carries `tag`: once the bytes have landed, the peer's manager gets
   // a Notification. The op's status: kInvalidArgument when `dst` is not the
@@ -138,7 +167,7 @@ class Endpoint {
   friend class Manager;
   friend class EndpointListener;
   explicit Endpoint(std::unique_ptr<EndpointImpl> impl);
-  std::unique_ptr<EndpointImpl> impl_;
+  std::shared_ptr<EndpointImpl> impl_;  // shared with its PendingReceives
 };
 
 class EndpointListener {

@@ -1040,6 +1040,73 @@ TEST_P(ConformanceTest, EndpointMessagesKeepBoundariesAndOrder) {
   EXPECT_EQ(receiving.get(), "");
 }
 
+TEST_P(ConformanceTest, EndpointPostedReceivesFillInTheOrderPosted) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  // Inline-sized and one-sided receives, mixed; each message fits its own.
+  const std::vector<size_t> capacity = {100, 1 << 20, 4096, 65536};
+  const std::vector<size_t> sizes = {50, 300000, 4096, 65536};
+  std::vector<LocalMemory> into;
+  std::vector<PendingReceive> posted;
+  for (size_t c : capacity) {
+    into.push_back(with_sentinel(c));
+    auto receive = receiver->post_receive(into.back());
+    ASSERT_TRUE(receive.ok()) << receive.status().to_string();
+    posted.push_back(std::move(receive).value());
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(sender->send(with_pattern(sizes[i], 40 + i), kTimeout).ok()) << "message " << i;
+  }
+  for (size_t i = sizes.size(); i-- > 0;) {  // waited for in any order
+    SCOPED_TRACE("receive " + std::to_string(i));
+    auto size = posted[i].wait(kTimeout);
+    ASSERT_TRUE(size.ok()) << size.status().to_string();
+    EXPECT_EQ(*size, sizes[i]);
+    EXPECT_EQ(find_mismatch(into[i].span().first(sizes[i]), 40 + i), std::nullopt);
+    EXPECT_EQ(find_not(into[i].span().subspan(sizes[i]), kSentinel), std::nullopt);
+  }
+  EXPECT_EQ(posted[0].wait(kTimeout).status().code(), StatusCode::kFailedPrecondition)
+      << "a receive is waited for once";
+}
+
+TEST_P(ConformanceTest, EndpointAbandonedReceiveTakesNoBytesAndTheNextGetsTheMessage) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  LocalMemory small = with_sentinel(4096);
+  LocalMemory large = with_sentinel(1 << 20);
+  {
+    auto a = receiver->post_receive(small);
+    auto b = receiver->post_receive(large);
+    ASSERT_TRUE(a.ok() && b.ok());
+  }  // both given up unanswered
+  // The withdrawals reach the sender's side before it sends (a message
+  // that crossed one would be dropped with its receive).
+  std::this_thread::sleep_for(100ms);
+  LocalMemory into = with_sentinel(1 << 20);
+  auto next = receiver->post_receive(into);
+  ASSERT_TRUE(next.ok()) << next.status().to_string();
+  ASSERT_TRUE(sender->send(with_pattern(65536, 61), kTimeout).ok());
+  auto size = next->wait(kTimeout);
+  ASSERT_TRUE(size.ok()) << size.status().to_string();
+  EXPECT_EQ(*size, 65536u);
+  EXPECT_EQ(find_mismatch(into.span().first(65536), 61), std::nullopt);
+  EXPECT_EQ(find_not(small.span(), kSentinel), std::nullopt) << "bytes in an abandoned receive";
+  EXPECT_EQ(find_not(large.span(), kSentinel), std::nullopt) << "bytes in an abandoned receive";
+  // The abandoned receives are no credits any more: nothing is posted now.
+  EXPECT_EQ(sender->send(with_pattern(100, 62), 200ms).code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(ConformanceTest, EndpointPostedReceiveFailsWhenTheEndpointCloses) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  LocalMemory into = with_sentinel(65536);
+  auto posted = receiver->post_receive(into);
+  ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+  receiver->close();
+  EXPECT_EQ(posted->wait(kTimeout).status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(receiver->post_receive(into).status().code(), StatusCode::kCancelled);
+}
+
 TEST_P(ConformanceTest, EndpointSendWaitsForTheReceiverToPostAReceive) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
