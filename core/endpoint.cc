@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -57,6 +58,9 @@ static_assert(kInCapacity >= kHeaderSize + kMaxPayload, "a whole frame fits");
 // Notifications read but not yet delivered by the endpoint's thread; at
 // this many, reading stops until it catches up (backpressure on the writer).
 constexpr size_t kMaxPendingNotes = 1024;
+// How long after a caller last read the endpoint's thread leaves the
+// socket to callers (see "progress" below).
+constexpr auto kLinger = std::chrono::milliseconds(1);
 
 enum class Frame : uint8_t {
   kHello = 1,
@@ -455,6 +459,7 @@ class EndpointImpl {
     signal_eventfd(stop_.get());
     ::shutdown(fd_.get(), SHUT_RDWR);  // the peer sees the end at once
     cv_.notify_all();
+    leases_cv_.notify_all();
   }
 
   bool stopping() {
@@ -533,9 +538,13 @@ class EndpointImpl {
   // reader role (read_mu_). A caller that waits for the peer (a credit, a
   // message, a reply) takes the role and reads the socket itself, so what it
   // waits for reaches it without a hand-off between threads; other callers
-  // follow on cv_ and take the role when it comes free. When no caller holds
-  // it, the endpoint's thread does, woken by epoll (the socket is watched
-  // only then). Notifications are queued, and delivered by the endpoint's
+  // follow on cv_ and take the role when it comes free. When no caller has
+  // held it for kLinger, the endpoint's thread takes it, woken by epoll:
+  // callers that read lately are likely back within microseconds, and the
+  // endpoint's thread, woken once, then looks again every kLinger rather
+  // than at every frame. So frames nobody waits for (withdrawals, lend
+  // requests, notifications) are read within about kLinger even while no
+  // call waits. Notifications are queued, and delivered by the endpoint's
   // thread alone, so a handler never runs inside a caller's call.
 
   // Waits (lock held) until `ready`, reading frames meanwhile; false at the
@@ -568,7 +577,6 @@ class EndpointImpl {
   // the role back.
   template <typename Pred>
   void lead(Deadline deadline, Pred ready) {
-    watch_socket(false);
     Deadline spin_until = std::min(deadline, Clock::now() + busy_poll_);
     Status st;
     while (true) {
@@ -591,27 +599,29 @@ class EndpointImpl {
         break;  // closing; other outcomes: the next pump tells
       }
     }
+    last_lead_end_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     give_back_role();
     if (!st.ok()) fail_reading(st);
   }
 
-  // Every holder of the role unwatches the socket when it takes the role and
-  // watches it again after it let go, so bytes that come while nobody holds
-  // the role wake the endpoint's thread.
   void give_back_role() {
     {
       std::lock_guard lock(mu_);
       reading_ = false;
     }
     read_mu_.unlock();
-    watch_socket(true);
     cv_.notify_all();  // a follower may lead now
   }
 
-  // Arms (one-shot) or disarms the endpoint thread's watch on the socket.
-  void watch_socket(bool on) {
+  bool led_lately() const {
+    const Clock::time_point end{Clock::duration(last_lead_end_.load(std::memory_order_relaxed))};
+    return Clock::now() - end < kLinger;
+  }
+
+  // Arms the endpoint thread's one-shot watch on the socket.
+  void watch_socket() {
     epoll_event e{};
-    e.events = on ? EPOLLIN | EPOLLONESHOT : 0;
+    e.events = EPOLLIN | EPOLLONESHOT;
     e.data.fd = fd_.get();
     ::epoll_ctl(events_.get(), EPOLL_CTL_MOD, fd_.get(), &e);
   }
@@ -670,11 +680,14 @@ class EndpointImpl {
   }
 
   // The endpoint's thread: reads while no caller does, and delivers the
-  // notifications.
+  // notifications. It arms its watch on the socket only after it read it
+  // itself; callers leave the watch as it is. Woken while callers read, it
+  // looks again every kLinger until they have been gone that long.
   void serve() {
+    int timeout_ms = -1;
     while (true) {
       epoll_event events[3];
-      if (::epoll_wait(events_.get(), events, 3, -1) < 0 && errno != EINTR) {
+      if (::epoll_wait(events_.get(), events, 3, timeout_ms) < 0 && errno != EINTR) {
         break_with(Internal("epoll_wait: " + errno_text(errno)));
         return;
       }
@@ -684,14 +697,16 @@ class EndpointImpl {
         break;
       }
       if (stopping()) break;
-      if (!read_mu_.try_lock()) continue;  // a caller reads; it watches the socket again after
+      timeout_ms = static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(kLinger).count());
+      if (led_lately() || !read_mu_.try_lock()) continue;  // callers read: look again later
+      timeout_ms = -1;
       {
         std::lock_guard lock(mu_);
         reading_ = true;
       }
-      watch_socket(false);
       bool progressed = false;
       Status st = pump(progressed);
+      watch_socket();
       give_back_role();
       if (!st.ok()) {
         fail_reading(st);
@@ -895,7 +910,7 @@ class EndpointImpl {
       std::lock_guard lock(mu_);
       lent_[handle->id()] = Lent{*memory, *handle, Clock::now() + lease};
     }
-    cv_.notify_all();  // the lease keeper learns the new expiry
+    leases_cv_.notify_all();  // the lease keeper learns the new expiry
     return reply(Frame::kLent, id, Status::Ok(), static_cast<uint64_t>(lease.count()),
                  handle->to_bytes());
   }
@@ -909,10 +924,9 @@ class EndpointImpl {
       if (it == lent_.end()) {
         st = NotFound("the lease has ended");
       } else {
-        it->second.expires = Clock::now() + lease;
+        it->second.expires = Clock::now() + lease;  // later: the keeper finds out when it wakes
       }
     }
-    cv_.notify_all();
     return reply(Frame::kRenewed, id, st, st.ok() ? static_cast<uint64_t>(lease.count()) : 0, {});
   }
 
@@ -972,9 +986,9 @@ class EndpointImpl {
       }
       if (!broken_.ok()) return;
       if (next == Deadline::max()) {
-        cv_.wait(lock);
+        leases_cv_.wait(lock);
       } else {
-        cv_.wait_until(lock, next);
+        leases_cv_.wait_until(lock, next);
       }
     }
   }
@@ -987,14 +1001,16 @@ class EndpointImpl {
   Fd events_;  // epoll: stop_, wake_, and fd_ while no caller reads it
   // The reader role: its holder alone reads fd_ and dispatches (in_).
   std::mutex read_mu_;
-  std::unique_ptr<uint8_t[]> in_;  // bytes read, [in_begin_, in_end_) not yet taken
+  std::atomic<Clock::rep> last_lead_end_{0};  // when a caller last gave the role back
+  std::unique_ptr<uint8_t[]> in_;             // bytes read, [in_begin_, in_end_) not yet taken
   size_t in_begin_ = 0;
   size_t in_end_ = 0;
   const std::string peer_;
   const uint64_t peer_manager_id_;
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;           // callers waiting for the peer
+  std::condition_variable leases_cv_;    // the lease keeper
   Status broken_;                        // OK while usable
   bool reading_ = false;                 // the reader role is held
   std::deque<Notification> notes_;       // for the endpoint's thread to deliver
