@@ -280,15 +280,7 @@ class EndpointImpl {
     FrameBuilder posted(Frame::kPosted);
     posted.u64(seq).u64(into.size());
     posted.blob(handle.valid() ? handle.to_bytes() : std::vector<uint8_t>());
-    Status sent = write_frame(posted);
-    if (!sent.ok()) {
-      {
-        std::lock_guard lock(mu_);
-        waiting_.erase(seq);
-      }
-      if (handle.valid()) manager_.release(handle).ignore();
-      return sent;
-    }
+    defer_frame(std::move(posted));  // with the next frame, or when this side waits
     return seq;
   }
 
@@ -480,17 +472,45 @@ class EndpointImpl {
   Status write_frame(FrameBuilder& builder) { return write_bytes(builder.done()); }
   Status write_frame(FrameBuilder&& builder) { return write_bytes(builder.done()); }
 
+  // Writes `bytes` (whole frames), after the deferred ones, in one send.
   Status write_bytes(const std::vector<uint8_t>& bytes) {
     Status st;
     {
       std::lock_guard lock(write_mu_);
-      st = send_exact(fd_.get(), bytes.data(), bytes.size(), Clock::now() + kFrameWriteLimit,
+      const std::vector<uint8_t>* out = &bytes;
+      if (!deferred_.empty()) {
+        deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
+        out = &deferred_;
+      }
+      st = send_exact(fd_.get(), out->data(), out->size(), Clock::now() + kFrameWriteLimit,
                       stop_.get());
+      deferred_.clear();
+      has_deferred_.store(false);
     }
     if (st.ok()) return st;
     // A frame cut short leaves the stream unusable: close it for both.
     break_with(Unavailable("the endpoint broke while sending: " + st.message()));
     return usable();
+  }
+
+  // Holds a frame back, to go out with the next one written, or by flush():
+  // the next wait on this endpoint, or the endpoint's thread within kLinger
+  // (at once when it sleeps). One send then carries, say, a receive's
+  // credit and the message that follows it.
+  void defer_frame(FrameBuilder&& builder) {
+    auto bytes = builder.done();
+    {
+      std::lock_guard lock(write_mu_);
+      deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
+      has_deferred_.store(true);
+    }
+    if (serve_sleeping_.load()) signal_eventfd(wake_.get());
+  }
+
+  // Writes the frames held back, if any.
+  Status flush() {
+    if (!has_deferred_.load()) return Status::Ok();
+    return write_bytes({});
   }
 
   // Sends a request built by `fill(request id)` and waits for its reply.
@@ -553,6 +573,11 @@ class EndpointImpl {
   bool await(std::unique_lock<std::mutex>& lock, Deadline deadline, Pred ready) {
     const Deadline spin_until = std::min(deadline, Clock::now() + busy_poll_);
     auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
+    if (has_deferred_.load() && !ready()) {  // what we wait for may depend on it
+      lock.unlock();
+      flush().ignore();  // a failure breaks the endpoint: ready() says so
+      lock.lock();
+    }
     while (!ready()) {
       const Deadline now = Clock::now();
       if (now >= deadline) return false;
@@ -687,11 +712,16 @@ class EndpointImpl {
     int timeout_ms = -1;
     while (true) {
       epoll_event events[3];
-      if (::epoll_wait(events_.get(), events, 3, timeout_ms) < 0 && errno != EINTR) {
+      // Sleeping with no timeout: a frame deferred from now on wakes us.
+      serve_sleeping_.store(timeout_ms < 0);
+      if (!(timeout_ms < 0 && has_deferred_.load()) &&
+          ::epoll_wait(events_.get(), events, 3, timeout_ms) < 0 && errno != EINTR) {
         break_with(Internal("epoll_wait: " + errno_text(errno)));
         return;
       }
+      serve_sleeping_.store(false);
       drain_eventfd(wake_.get());
+      flush().ignore();
       if (!deliver_notes()) {
         break_with(Cancelled("the manager is shutting down"));
         break;
@@ -1024,7 +1054,10 @@ class EndpointImpl {
   std::deque<RemoteBuffer> remote_buffers_;
   std::deque<LocalMemory> returned_;
 
-  std::mutex write_mu_;  // one frame at a time on the socket
+  std::mutex write_mu_;            // one frame at a time on the socket
+  std::vector<uint8_t> deferred_;  // frames held back (defer_frame), under write_mu_
+  std::atomic<bool> has_deferred_{false};
+  std::atomic<bool> serve_sleeping_{false};  // the endpoint's thread waits with no timeout
   std::mutex join_mu_;
   std::thread reader_;
   std::thread lease_keeper_;
