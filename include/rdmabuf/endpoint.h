@@ -123,11 +123,14 @@ class Endpoint {
   // partly landed. Thread-safe.
   Result<uint64_t> receive(const LocalMemory& into, std::chrono::milliseconds timeout);
 
-  // receive() in two steps: posts `into` now (the peer may send into it at
-  // once), and the message comes with PendingReceive::wait. Receives are
-  // filled in the order they were posted, so a receiver can keep several
-  // posted and wait for them in turn, with no thread per receive. `into`
-  // must stay valid until the wait returns or the PendingReceive is gone.
+  // receive() in two steps: posts `into` now, and the message comes with
+  // PendingReceive::wait. Receives are filled in the order they were
+  // posted, so a receiver can keep several posted and wait for them in
+  // turn, with no thread per receive. The receive's credit (what lets the
+  // peer send into it) goes out with this side's next frame (a send()
+  // right after travels in the same packet), or when this side next waits
+  // on the endpoint, and otherwise within about a millisecond. `into` must
+  // stay valid until the wait returns or the PendingReceive is gone.
   Result<PendingReceive> post_receive(const LocalMemory& into);
 
   // A one-sided write of `src` into `dst` (a buffer of the peer's manager)
