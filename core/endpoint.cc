@@ -651,11 +651,15 @@ class EndpointImpl {
     ::epoll_ctl(events_.get(), EPOLL_CTL_MOD, fd_.get(), &e);
   }
 
-  // Dispatches every whole frame held, reading the socket until it has no
-  // more; never blocks. Reader role held. `progressed`: a frame was taken.
-  // Stops early, leaving frames unread, while kMaxPendingNotes notifications
-  // wait for the endpoint's thread.
+  // Dispatches every whole frame held, reads the socket once (what it has,
+  // up to kInCapacity) and dispatches what came; never blocks. Reader role
+  // held. `progressed`: a frame was taken. One read per call, so that the
+  // caller looks at what it waits for, and wakes the others, between reads
+  // even while a fast sender keeps the socket full. Stops early, leaving
+  // frames unread, while kMaxPendingNotes notifications wait for the
+  // endpoint's thread.
   Status pump(bool& progressed) {
+    bool read_once = false;
     while (true) {
       while (in_end_ - in_begin_ >= kHeaderSize) {
         WireReader r(std::span<const uint8_t>(in_.get() + in_begin_, kHeaderSize));
@@ -675,6 +679,7 @@ class EndpointImpl {
         in_begin_ += kHeaderSize + size;
         progressed = true;
       }
+      if (read_once) return Status::Ok();
       // Keep what is left of a frame at the front, then read more.
       std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
       in_end_ -= in_begin_;
@@ -682,6 +687,7 @@ class EndpointImpl {
       ssize_t n = ::recv(fd_.get(), in_.get() + in_end_, kInCapacity - in_end_, MSG_DONTWAIT);
       if (n > 0) {
         in_end_ += static_cast<size_t>(n);
+        read_once = true;
         continue;
       }
       if (n == 0) return Unavailable("connection closed by peer");
@@ -734,8 +740,13 @@ class EndpointImpl {
         std::lock_guard lock(mu_);
         reading_ = true;
       }
-      bool progressed = false;
-      Status st = pump(progressed);
+      Status st;
+      bool progressed = true;
+      while (st.ok() && progressed && !notes_full()) {
+        progressed = false;
+        st = pump(progressed);
+        if (progressed) cv_.notify_all();
+      }
       watch_socket();
       give_back_role();
       if (!st.ok()) {
