@@ -14,6 +14,13 @@
 //   handles   kBuffer.
 //   lending   kLendRequest -> kLent; kRenew -> kRenewed.
 //   writes    kNotify, after the write of a tagged write completed.
+//
+// After the hellos the connecting side sends kChannelOffer: shared-memory
+// rings (core/shm_channel.h) when its manager may use same-host memory, or
+// why not; the accepting side answers kChannelAnswer: whether it opened
+// them. Accepted, every later frame travels through the rings, and the TCP
+// connection carries only doorbells (one byte each, for a reader that
+// sleeps) and, by its end, the peer's.
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -31,6 +38,7 @@
 #include "common/socket.h"
 #include "common/wire.h"
 #include "core/notifications.h"
+#include "core/shm_channel.h"
 #include "rdmabuf/endpoint.h"
 #include "rdmabuf/manager.h"
 
@@ -38,7 +46,7 @@ namespace rdmabuf {
 namespace {
 
 constexpr uint32_t kMagic = 0x50454252;  // "RBEP"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;         // 2: the channel offer after the hellos
 // Messages up to this size travel inside the control frame (one frame, no
 // one-sided write): small messages cost one trip, not three.
 constexpr uint64_t kInlineLimit = 4096;
@@ -76,6 +84,8 @@ enum class Frame : uint8_t {
   kRenew = 11,
   kRenewed = 12,
   kBuffer = 13,
+  kChannelOffer = 14,
+  kChannelAnswer = 15,
 };
 
 // Builds a frame: the header, then fields appended with the writer.
@@ -153,6 +163,111 @@ Result<uint64_t> greet(int fd, uint64_t manager_id, Deadline deadline) {
   return peer_id;
 }
 
+// --- the channel: shared-memory rings when both managers share a host ------------
+
+// Whether this manager may move endpoint frames through shared memory: as
+// far as it is concerned, when its memory backend is viable.
+Status shared_memory_allowed(Manager& manager) {
+  for (const BackendInfo& backend : manager.backends()) {
+    if (backend.name != "memory") continue;
+    if (backend.viable) return Status::Ok();
+    return FailedPrecondition("its memory backend: " + backend.reason);
+  }
+  return FailedPrecondition("it has no memory backend");
+}
+
+struct Channel {
+  std::unique_ptr<ShmChannel> shm;  // null: frames travel in the TCP connection
+  std::string description;          // Endpoint::channel()
+};
+
+Channel tcp_channel(const std::string& why) {
+  return Channel{nullptr, "tcp (" + why + ")"};
+}
+
+// The connecting side: offers shared rings when this manager may use them,
+// and learns whether the peer opened them.
+Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
+  Status allowed = shared_memory_allowed(manager);
+  std::unique_ptr<ShmChannel> shm;
+  if (allowed.ok()) {
+    auto created = ShmChannel::create();
+    if (created.ok()) {
+      shm = std::move(created).value();
+    } else {
+      allowed = created.status();
+    }
+  }
+  FrameBuilder offer(Frame::kChannelOffer);
+  if (shm) {
+    const ShmChannel::Offer o = shm->offer();
+    offer.fields().put<uint8_t>(1);
+    offer.fields().put<uint32_t>(o.pid);
+    offer.fields().put<uint32_t>(o.fd);
+    offer.u64(o.pid_namespace).u64(o.nonce).blob(text_bytes(o.host_id));
+  } else {
+    offer.fields().put<uint8_t>(0);
+    offer.blob(text_bytes(allowed.message()));
+  }
+  auto bytes = offer.done();
+  RDMABUF_RETURN_IF_ERROR(send_exact(fd, bytes.data(), bytes.size(), deadline));
+  Frame type{};
+  std::vector<uint8_t> payload;
+  RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, -1, type, payload));
+  WireReader r(payload);
+  const bool accepted = r.get<uint8_t>() == 1;
+  auto reason = r.view(r.get<uint16_t>());
+  if (type != Frame::kChannelAnswer || !r.ok() || r.remaining() != 0) {
+    return ProtocolError("malformed endpoint channel answer");
+  }
+  if (!shm) return tcp_channel("this side: " + allowed.message());
+  if (!accepted) return tcp_channel("the peer: " + std::string(reason.begin(), reason.end()));
+  return Channel{std::move(shm), "shared memory"};
+}
+
+// The accepting side: opens the rings the peer offered, when it offered
+// some and this manager may use them, and says whether it did.
+Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline) {
+  Frame type{};
+  std::vector<uint8_t> payload;
+  RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, -1, type, payload));
+  WireReader r(payload);
+  const uint8_t offered = r.get<uint8_t>();
+  ShmChannel::Offer offer;
+  std::span<const uint8_t> reason;
+  if (offered == 1) {
+    offer.pid = r.get<uint32_t>();
+    offer.fd = r.get<uint32_t>();
+    offer.pid_namespace = r.get<uint64_t>();
+    offer.nonce = r.get<uint64_t>();
+    auto host = r.view(r.get<uint16_t>());
+    offer.host_id.assign(host.begin(), host.end());
+  } else {
+    reason = r.view(r.get<uint16_t>());
+  }
+  if (type != Frame::kChannelOffer || offered > 1 || !r.ok() || r.remaining() != 0) {
+    return ProtocolError("malformed endpoint channel offer");
+  }
+  Channel channel;
+  Status usable = offered == 1 ? shared_memory_allowed(manager) : Status::Ok();
+  if (offered != 1) {
+    channel = tcp_channel("the peer: " + std::string(reason.begin(), reason.end()));
+  } else if (!usable.ok()) {
+    channel = tcp_channel("this side: " + usable.message());
+  } else {
+    auto opened = ShmChannel::open(offer);
+    usable = opened.status();
+    channel = opened.ok() ? Channel{std::move(opened).value(), "shared memory"}
+                          : tcp_channel("this side: " + usable.message());
+  }
+  FrameBuilder answer(Frame::kChannelAnswer);
+  answer.fields().put<uint8_t>(channel.shm ? 1 : 0);
+  answer.blob(usable.ok() ? std::span<const uint8_t>() : text_bytes(usable.message()));
+  auto bytes = answer.done();
+  RDMABUF_RETURN_IF_ERROR(send_exact(fd, bytes.data(), bytes.size(), deadline));
+  return channel;
+}
+
 Deadline deadline_after(std::chrono::milliseconds timeout) {
   return Clock::now() + timeout;
 }
@@ -168,10 +283,12 @@ class EndpointImpl {
  public:
   // `events`: an epoll set watching `stop` and `wake` (both level) and `fd`
   // (one-shot, armed), made by create().
-  EndpointImpl(Manager& manager, Fd fd, std::string peer, uint64_t peer_manager_id, Fd stop,
-               Fd wake, Fd events)
+  EndpointImpl(Manager& manager, Fd fd, Channel channel, std::string peer, uint64_t peer_manager_id,
+               Fd stop, Fd wake, Fd events)
       : manager_(manager),
         fd_(std::move(fd)),
+        shm_(std::move(channel.shm)),
+        channel_(std::move(channel.description)),
         stop_(std::move(stop)),
         wake_(std::move(wake)),
         events_(std::move(events)),
@@ -182,8 +299,8 @@ class EndpointImpl {
     lease_keeper_ = std::thread([this] { keep_leases(); });
   }
 
-  static Result<std::unique_ptr<EndpointImpl>> create(Manager& manager, Fd fd, std::string peer,
-                                                      uint64_t peer_manager_id) {
+  static Result<std::unique_ptr<EndpointImpl>> create(Manager& manager, Fd fd, Channel channel,
+                                                      std::string peer, uint64_t peer_manager_id) {
     RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
     RDMABUF_ASSIGN_OR_RETURN(Fd wake, make_eventfd());
     Fd events(::epoll_create1(EPOLL_CLOEXEC));
@@ -196,13 +313,15 @@ class EndpointImpl {
         return Internal("epoll_ctl: " + errno_text(errno));
       }
     }
-    return std::make_unique<EndpointImpl>(manager, std::move(fd), std::move(peer), peer_manager_id,
-                                          std::move(stop), std::move(wake), std::move(events));
+    return std::make_unique<EndpointImpl>(manager, std::move(fd), std::move(channel),
+                                          std::move(peer), peer_manager_id, std::move(stop),
+                                          std::move(wake), std::move(events));
   }
 
   ~EndpointImpl() { close(Cancelled("the endpoint was closed")); }
 
   const std::string& peer() const { return peer_; }
+  const std::string& channel() const { return channel_; }
 
   void close(const Status& why) {
     break_with(why);
@@ -482,8 +601,7 @@ class EndpointImpl {
         deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
         out = &deferred_;
       }
-      st = send_exact(fd_.get(), out->data(), out->size(), Clock::now() + kFrameWriteLimit,
-                      stop_.get());
+      st = transmit(out->data(), out->size());
       deferred_.clear();
       has_deferred_.store(false);
     }
@@ -491,6 +609,46 @@ class EndpointImpl {
     // A frame cut short leaves the stream unusable: close it for both.
     break_with(Unavailable("the endpoint broke while sending: " + st.message()));
     return usable();
+  }
+
+  // Writes `size` bytes of whole frames into the control channel (write_mu_
+  // held): the TCP connection, or the shared ring and then a doorbell when
+  // the peer's reader asked for one.
+  Status transmit(const uint8_t* data, size_t size) {
+    const Deadline deadline = Clock::now() + kFrameWriteLimit;
+    if (!shm_) return send_exact(fd_.get(), data, size, deadline, stop_.get());
+    size_t done = 0;
+    for (int idle = 0;; ++idle) {
+      RDMABUF_ASSIGN_OR_RETURN(size_t n, shm_->write_some(data + done, size - done));
+      done += n;
+      if (shm_->doorbell_requested()) ring_doorbell();
+      if (done == size) return Status::Ok();
+      if (n > 0) idle = 0;
+      RDMABUF_RETURN_IF_ERROR(wait_for_room(idle, deadline));
+    }
+  }
+
+  void ring_doorbell() {
+    const uint8_t bell = 1;
+    // A full socket holds doorbells the reader has not taken yet: enough.
+    // A broken one shows at the reader.
+    (void)::send(fd_.get(), &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+
+  // The outgoing ring is full: the peer reads slower than this side writes.
+  // Waits a little (spins at first, then a millisecond at a time); fails
+  // when the peer has gone, the endpoint closes, or `deadline` passed.
+  Status wait_for_room(int idle, Deadline deadline) {
+    if (Clock::now() >= deadline) {
+      return DeadlineExceeded("the peer stopped reading the endpoint's frames");
+    }
+    pollfd watched[2] = {{fd_.get(), POLLRDHUP, 0}, {stop_.get(), POLLIN, 0}};
+    ::poll(watched, 2, idle < 64 ? 0 : 1);
+    if (watched[1].revents != 0) return Cancelled("the endpoint was closed");
+    if ((watched[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      return Unavailable("connection closed by peer");
+    }
+    return Status::Ok();
   }
 
   // Holds a frame back, to go out with the next one written, or by flush():
@@ -619,8 +777,7 @@ class EndpointImpl {
         spin_until = std::min(deadline, now + busy_poll_);
       } else if (now < spin_until) {
         std::this_thread::yield();
-      } else if (wait_fd(fd_.get(), POLLIN, deadline, stop_.get()).code() ==
-                 StatusCode::kCancelled) {
+      } else if (!sleep_on_channel(deadline)) {
         break;  // closing; other outcomes: the next pump tells
       }
     }
@@ -641,6 +798,29 @@ class EndpointImpl {
   bool led_lately() const {
     const Clock::time_point end{Clock::duration(last_lead_end_.load(std::memory_order_relaxed))};
     return Clock::now() - end < kLinger;
+  }
+
+  // Sleeps (reader role held) until the control channel may have bytes, or
+  // `deadline`; false when the endpoint is closing.
+  bool sleep_on_channel(Deadline deadline) {
+    if (shm_ && !shm_->request_doorbell()) return true;  // bytes came meanwhile
+    if (wait_fd(fd_.get(), POLLIN, deadline, stop_.get()).code() == StatusCode::kCancelled) {
+      return false;
+    }
+    if (shm_) take_doorbells();
+    return true;
+  }
+
+  // Shared-memory channel: empties the TCP connection of doorbells (it
+  // carries nothing else) and notes its end. Reader role held.
+  void take_doorbells() {
+    uint8_t bells[64];
+    while (true) {
+      ssize_t n = ::recv(fd_.get(), bells, sizeof bells, MSG_DONTWAIT);
+      if (n > 0 || (n < 0 && errno == EINTR)) continue;
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) peer_closed_ = true;
+      return;
+    }
   }
 
   // Arms the endpoint thread's one-shot watch on the socket.
@@ -684,15 +864,28 @@ class EndpointImpl {
       std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
       in_end_ -= in_begin_;
       in_begin_ = 0;
-      ssize_t n = ::recv(fd_.get(), in_.get() + in_end_, kInCapacity - in_end_, MSG_DONTWAIT);
-      if (n > 0) {
-        in_end_ += static_cast<size_t>(n);
-        read_once = true;
-        continue;
-      }
+      RDMABUF_ASSIGN_OR_RETURN(size_t n, receive_some(in_.get() + in_end_, kInCapacity - in_end_));
+      if (n == 0) return Status::Ok();
+      in_end_ += n;
+      read_once = true;
+    }
+  }
+
+  // Takes what the control channel holds, up to `size` bytes, without
+  // blocking: how many, 0 when it has none. Reader role held.
+  Result<size_t> receive_some(uint8_t* out, size_t size) {
+    if (shm_) {
+      RDMABUF_ASSIGN_OR_RETURN(size_t n, shm_->read_some(out, size));
+      // The peer's frames before its end are all in the ring: read them first.
+      if (n == 0 && peer_closed_) return Unavailable("connection closed by peer");
+      return n;
+    }
+    while (true) {
+      ssize_t n = ::recv(fd_.get(), out, size, MSG_DONTWAIT);
+      if (n > 0) return static_cast<size_t>(n);
       if (n == 0) return Unavailable("connection closed by peer");
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Ok();
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
       return Unavailable("recv: " + errno_text(errno));
     }
   }
@@ -741,11 +934,17 @@ class EndpointImpl {
         reading_ = true;
       }
       Status st;
-      bool progressed = true;
-      while (st.ok() && progressed && !notes_full()) {
-        progressed = false;
-        st = pump(progressed);
-        if (progressed) cv_.notify_all();
+      if (shm_) take_doorbells();
+      while (true) {
+        bool progressed = true;
+        while (st.ok() && progressed && !notes_full()) {
+          progressed = false;
+          st = pump(progressed);
+          if (progressed) cv_.notify_all();
+        }
+        // Before sleeping, a shared-memory reader asks for a doorbell; bytes
+        // that came meanwhile are read first.
+        if (!st.ok() || !shm_ || notes_full() || shm_->request_doorbell()) break;
       }
       watch_socket();
       give_back_role();
@@ -1036,8 +1235,10 @@ class EndpointImpl {
 
   Manager& manager_;
   const std::chrono::microseconds busy_poll_ = manager_.config().busy_poll;
-  Fd fd_;
-  Fd stop_;    // readable once closing
+  Fd fd_;                            // the TCP connection: frames, or with shm_ doorbells only
+  std::unique_ptr<ShmChannel> shm_;  // the shared-memory channel, when in use
+  const std::string channel_;        // Endpoint::channel()
+  Fd stop_;                          // readable once closing
   Fd wake_;    // readable when the endpoint's thread has notifications to deliver
   Fd events_;  // epoll: stop_, wake_, and fd_ while no caller reads it
   // The reader role: its holder alone reads fd_ and dispatches (in_).
@@ -1046,6 +1247,7 @@ class EndpointImpl {
   std::unique_ptr<uint8_t[]> in_;             // bytes read, [in_begin_, in_end_) not yet taken
   size_t in_begin_ = 0;
   size_t in_end_ = 0;
+  bool peer_closed_ = false;  // shm_: the TCP connection ended
   const std::string peer_;
   const uint64_t peer_manager_id_;
 
@@ -1154,6 +1356,10 @@ std::string Endpoint::peer() const {
   return impl_->peer();
 }
 
+std::string Endpoint::channel() const {
+  return impl_->channel();
+}
+
 void Endpoint::close() {
   impl_->close(Cancelled("the endpoint was closed"));
 }
@@ -1185,10 +1391,11 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
     tune_data_socket(fd.get());  // no Nagle: frames are small and each is awaited
     RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id,
                              greet(fd.get(), state_->manager.identity().manager_id, deadline));
+    RDMABUF_ASSIGN_OR_RETURN(Channel channel, answer_channel(fd.get(), state_->manager, deadline));
     auto peer = peer_address(fd.get());
-    RDMABUF_ASSIGN_OR_RETURN(auto impl,
-                             EndpointImpl::create(state_->manager, std::move(fd),
-                                                  peer.ok() ? peer->to_string() : "?", peer_id));
+    RDMABUF_ASSIGN_OR_RETURN(
+        auto impl, EndpointImpl::create(state_->manager, std::move(fd), std::move(channel),
+                                        peer.ok() ? peer->to_string() : "?", peer_id));
     return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
   }
 }
@@ -1210,8 +1417,9 @@ Result<std::unique_ptr<Endpoint>> Manager::connect(const std::string& address,
   RDMABUF_ASSIGN_OR_RETURN(HostPort where, parse_host_port(address));
   RDMABUF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(where, deadline));
   RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id, greet(fd.get(), identity().manager_id, deadline));
-  RDMABUF_ASSIGN_OR_RETURN(auto impl,
-                           EndpointImpl::create(*this, std::move(fd), where.to_string(), peer_id));
+  RDMABUF_ASSIGN_OR_RETURN(Channel channel, offer_channel(fd.get(), *this, deadline));
+  RDMABUF_ASSIGN_OR_RETURN(auto impl, EndpointImpl::create(*this, std::move(fd), std::move(channel),
+                                                           where.to_string(), peer_id));
   return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
 }
 

@@ -162,6 +162,13 @@ class Endpoint {
   // The peer's "HOST:PORT", as this side sees it.
   std::string peer() const;
 
+  // How the endpoint's frames (credits, small messages, answers,
+  // notifications) travel: "shared memory" (rings both processes map, when
+  // the managers share a host and each has its memory backend viable), or
+  // "tcp (WHY)" with the reason shared memory is not used. Large messages
+  // and tagged writes move by one-sided writes either way.
+  std::string channel() const;
+
   // Closes the connection: waiting calls fail with kCancelled, the peer's
   // with kUnavailable. Idempotent.
   void close();

@@ -1,0 +1,175 @@
+#include "core/shm_channel.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "common/host.h"
+
+namespace rdmabuf {
+namespace {
+
+constexpr uint64_t kChannelMagic = 0x314e4843504552ULL;  // "REPCHN1"
+constexpr size_t kRingBytes = size_t{512} << 10;         // a power of two
+static_assert((kRingBytes & (kRingBytes - 1)) == 0);
+
+// One direction. Each field on a cache line of its own: the producer writes
+// `tail`, the consumer `head`; `doorbell` is set by the consumer and taken
+// by the producer.
+struct alignas(64) RingControl {
+  alignas(64) uint64_t tail;
+  alignas(64) uint64_t head;
+  alignas(64) uint32_t doorbell;
+};
+
+}  // namespace
+
+struct ShmChannel::Layout {
+  uint64_t magic;  // published last by the creator
+  uint64_t nonce;
+  uint64_t ring_bytes;
+  RingControl rings[2];
+};
+
+namespace {
+
+constexpr size_t kDataOffset = 4096;  // the layout's page; the rings follow
+constexpr size_t kFileBytes = kDataOffset + 2 * kRingBytes;
+
+template <typename T>
+std::atomic_ref<T> shared(T& field) {
+  return std::atomic_ref<T>(field);
+}
+
+}  // namespace
+
+size_t ShmChannel::ring_bytes() {
+  return kRingBytes;
+}
+
+ShmChannel::ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring)
+    : fd_(std::move(fd)), base_(base), nonce_(nonce), out_(writes_ring), in_(1 - writes_ring) {}
+
+ShmChannel::~ShmChannel() {
+  if (base_) ::munmap(base_, kFileBytes);
+}
+
+ShmChannel::Layout& ShmChannel::layout() const {
+  return *static_cast<Layout*>(base_);
+}
+
+uint8_t* ShmChannel::ring_data(int ring) const {
+  return static_cast<uint8_t*>(base_) + kDataOffset + static_cast<size_t>(ring) * kRingBytes;
+}
+
+Result<std::unique_ptr<ShmChannel>> ShmChannel::create() {
+  static_assert(sizeof(Layout) <= kDataOffset);
+  Fd fd(static_cast<int>(syscall(SYS_memfd_create, "rdmabuf-endpoint", MFD_CLOEXEC)));
+  if (!fd.valid()) return ResourceExhausted("memfd_create: " + errno_text(errno));
+  if (::ftruncate(fd.get(), static_cast<off_t>(kFileBytes)) != 0) {
+    return ResourceExhausted("sizing the endpoint's shared rings: " + errno_text(errno));
+  }
+  void* base = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) {
+    return ResourceExhausted("mapping the endpoint's shared rings: " + errno_text(errno));
+  }
+  const uint64_t nonce = secure_random_u64();
+  std::unique_ptr<ShmChannel> channel(new ShmChannel(std::move(fd), base, nonce, 0));
+  Layout& l = channel->layout();  // the memfd starts zero-filled: empty rings
+  l.nonce = nonce;
+  l.ring_bytes = kRingBytes;
+  // Both readers start asleep, as far as the writers know: the first bytes
+  // each way ring.
+  l.rings[0].doorbell = 1;
+  l.rings[1].doorbell = 1;
+  shared(l.magic).store(kChannelMagic, std::memory_order_release);
+  return channel;
+}
+
+ShmChannel::Offer ShmChannel::offer() const {
+  return Offer{static_cast<uint32_t>(getpid()), static_cast<uint32_t>(fd_.get()),
+               pid_namespace_id(), nonce_, this_host_id()};
+}
+
+Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {
+  if (offer.host_id != this_host_id()) return FailedPrecondition("the peer is on another host");
+  if (offer.pid_namespace != pid_namespace_id() || offer.pid_namespace == 0) {
+    return FailedPrecondition("the peer is in another PID namespace (another container?)");
+  }
+  const std::string path = "/proc/" + std::to_string(offer.pid) + "/fd/" + std::to_string(offer.fd);
+  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) {
+    return FailedPrecondition("cannot open the peer's shared rings " + path + ": " +
+                              errno_text(errno) +
+                              " (another user, or a ptrace policy that forbids access)");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) != kFileBytes) {
+    return FailedPrecondition(path + " is not an endpoint's shared rings");
+  }
+  void* base = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) {
+    return FailedPrecondition("mapping the peer's shared rings: " + errno_text(errno));
+  }
+  std::unique_ptr<ShmChannel> channel(new ShmChannel(std::move(fd), base, offer.nonce, 1));
+  Layout& l = channel->layout();
+  if (shared(l.magic).load(std::memory_order_acquire) != kChannelMagic || l.nonce != offer.nonce ||
+      l.ring_bytes != kRingBytes) {
+    return FailedPrecondition(path + " is not the shared rings the peer offered");
+  }
+  return channel;
+}
+
+Result<size_t> ShmChannel::write_some(const uint8_t* data, size_t size) {
+  RingControl& ring = layout().rings[out_];
+  const uint64_t head = shared(ring.head).load(std::memory_order_acquire);
+  const uint64_t used = out_tail_ - head;
+  if (used > kRingBytes) return ProtocolError("the peer corrupted the endpoint's shared ring");
+  const size_t n = std::min<size_t>(size, kRingBytes - used);
+  if (n == 0) return n;
+  const size_t at = out_tail_ & (kRingBytes - 1);
+  const size_t first = std::min(n, kRingBytes - at);
+  std::memcpy(ring_data(out_) + at, data, first);
+  std::memcpy(ring_data(out_), data + first, n - first);
+  out_tail_ += n;
+  // seq_cst, with doorbell_requested()'s load: a reader that asked for a
+  // doorbell before this store is seen; one that asks after sees the bytes.
+  shared(ring.tail).store(out_tail_, std::memory_order_seq_cst);
+  return n;
+}
+
+Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
+  RingControl& ring = layout().rings[in_];
+  const uint64_t tail = shared(ring.tail).load(std::memory_order_acquire);
+  const uint64_t held = tail - in_head_;
+  if (held > kRingBytes) return ProtocolError("the peer corrupted the endpoint's shared ring");
+  const size_t n = std::min<size_t>(size, held);
+  if (n == 0) return n;
+  const size_t at = in_head_ & (kRingBytes - 1);
+  const size_t first = std::min(n, kRingBytes - at);
+  std::memcpy(out, ring_data(in_) + at, first);
+  std::memcpy(out + first, ring_data(in_), n - first);
+  in_head_ += n;
+  shared(ring.head).store(in_head_, std::memory_order_release);  // the room is the writer's again
+  return n;
+}
+
+bool ShmChannel::request_doorbell() {
+  RingControl& ring = layout().rings[in_];
+  shared(ring.doorbell).store(1, std::memory_order_seq_cst);
+  return shared(ring.tail).load(std::memory_order_seq_cst) == in_head_;
+}
+
+bool ShmChannel::doorbell_requested() {
+  RingControl& ring = layout().rings[out_];
+  return shared(ring.doorbell).load(std::memory_order_seq_cst) != 0 &&
+         shared(ring.doorbell).exchange(0, std::memory_order_seq_cst) != 0;
+}
+
+}  // namespace rdmabuf

@@ -1,0 +1,92 @@
+// A same-host byte channel for endpoints: two single-producer,
+// single-consumer byte rings in one shared memory file (a memfd), one ring
+// per direction. Two processes on one host exchange an endpoint's frames
+// through it with plain loads and stores, no system call per frame.
+//
+// The endpoint's TCP connection stays beside it, for two things the rings
+// cannot do: waking a reader that sleeps (a doorbell, one byte, sent only
+// when the reader asked for one), and telling that the peer has gone (the
+// connection's end).
+//
+// Contract: one thread at a time writes (the endpoint holds its write lock),
+// one at a time reads (the endpoint's reader role). The peer can write any
+// bytes into the shared file; every position it wrote is checked before it
+// is used, so a corrupt or hostile peer gets kProtocolError, never an access
+// outside the rings.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/socket.h"
+#include "rdmabuf/status.h"
+
+namespace rdmabuf {
+
+class ShmChannel {
+ public:
+  // What the accepting side needs to open the creator's file: the creator's
+  // process and descriptor (opened through /proc/PID/fd/FD), where that pid
+  // means something, and a random nonce written into the file, which proves
+  // that the file opened is the one offered.
+  struct Offer {
+    uint32_t pid = 0;
+    uint32_t fd = 0;
+    uint64_t pid_namespace = 0;
+    uint64_t nonce = 0;
+    std::string host_id;
+  };
+
+  // The connecting side: a new file with empty rings. It writes ring 0 and
+  // reads ring 1.
+  static Result<std::unique_ptr<ShmChannel>> create();
+  // The accepting side: opens what `offer` names. It writes ring 1 and reads
+  // ring 0. kFailedPrecondition, with the reason, when the file cannot be
+  // used from here (another host or PID namespace, no permission, not the
+  // file offered).
+  static Result<std::unique_ptr<ShmChannel>> open(const Offer& offer);
+
+  ~ShmChannel();
+  ShmChannel(const ShmChannel&) = delete;
+  ShmChannel& operator=(const ShmChannel&) = delete;
+
+  // How the peer opens this side's file (the creator's only).
+  Offer offer() const;
+
+  // Copies up to `size` bytes into the outgoing ring: how many fitted, 0
+  // when it is full. kProtocolError when the peer corrupted the ring.
+  Result<size_t> write_some(const uint8_t* data, size_t size);
+  // Copies up to `size` bytes out of the incoming ring: how many, 0 when it
+  // is empty. kProtocolError when the peer corrupted the ring.
+  Result<size_t> read_some(uint8_t* out, size_t size);
+
+  // Doorbells. A reader that found the incoming ring empty and is about to
+  // sleep on the TCP connection calls request_doorbell() first: false when
+  // bytes came meanwhile (read them; do not sleep). The request stays until
+  // the writer takes it, so that every reader of this side that sleeps is
+  // woken. A writer calls doorbell_requested() after each write_some: true
+  // once per request, and then it sends a doorbell.
+  bool request_doorbell();
+  bool doorbell_requested();
+
+  // Each ring's capacity in bytes.
+  static size_t ring_bytes();
+
+ private:
+  struct Layout;
+  ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring);
+  Layout& layout() const;
+  uint8_t* ring_data(int ring) const;
+
+  Fd fd_;
+  void* base_ = nullptr;
+  uint64_t nonce_ = 0;
+  int out_ = 0;            // the ring this side writes
+  int in_ = 1;             // the ring this side reads
+  uint64_t out_tail_ = 0;  // this side's own positions, never read back
+  uint64_t in_head_ = 0;   // from the shared file
+};
+
+}  // namespace rdmabuf
