@@ -655,8 +655,14 @@ class EndpointImpl {
   // the next wait on this endpoint, or the endpoint's thread within kLinger
   // (at once when it sleeps). One send then carries, say, a receive's
   // credit and the message that follows it.
+  // Through shared memory a frame costs no system call, and is written at
+  // once: holding credits back there only starves the sender.
   void defer_frame(FrameBuilder&& builder) {
     auto bytes = builder.done();
+    if (shm_) {
+      write_bytes(bytes).ignore();  // a failure breaks the endpoint: its waits say so
+      return;
+    }
     {
       std::lock_guard lock(write_mu_);
       deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
@@ -776,7 +782,7 @@ class EndpointImpl {
       if (progressed) {
         spin_until = std::min(deadline, now + busy_poll_);
       } else if (now < spin_until) {
-        std::this_thread::yield();
+        relax();
       } else if (!sleep_on_channel(deadline)) {
         break;  // closing; other outcomes: the next pump tells
       }
@@ -798,6 +804,22 @@ class EndpointImpl {
   bool led_lately() const {
     const Clock::time_point end{Clock::duration(last_lead_end_.load(std::memory_order_relaxed))};
     return Clock::now() - end < kLinger;
+  }
+
+  // Between two looks at the control channel while spinning. A look at the
+  // shared ring is a load, so a CPU pause is enough; a look at the socket is
+  // a system call, and a yield lets other threads run meanwhile.
+  void relax() {
+    if (!shm_) {
+      std::this_thread::yield();
+      return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    for (int i = 0; i < 32; ++i)
+      __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
   }
 
   // Sleeps (reader role held) until the control channel may have bytes, or

@@ -171,6 +171,7 @@ int cmd_bench_send(int argc, char** argv) {
     auto trips = ping_pong(endpoint, size, std::max(1000, o.iters * 100));
     if (!trips.ok()) return fail(trips.status());
     Figure f = Figure::of(system, "latency", "send", size);
+    f.note = "frames: " + endpoint.channel();
     f.p50_us = percentile(*trips, 50);
     f.p99_us = percentile(*trips, 99);
     f.runs = static_cast<int>(trips->size());
@@ -198,6 +199,7 @@ int cmd_bench_send(int argc, char** argv) {
       if (r > 0) gbps.push_back(*g);  // the first is the warm-up
     }
     Figure f = Figure::of(system, "bandwidth", "send", size);
+    f.note = "frames: " + endpoint.channel();
     f.gbps = percentile(gbps, 50);
     f.runs = o.iters;
     figures.push_back(f);
@@ -223,8 +225,9 @@ int cmd_bench_send(int argc, char** argv) {
     std::fputs(render_json(info, figures, comparisons, {}).c_str(), stdout);
     return kExitOk;
   }
-  std::printf("rdmabuf bench --op send: Endpoint messages over %s, peer %s process %d\n\n",
-              backend.c_str(), "local", peer->pid());
+  std::printf(
+      "rdmabuf bench --op send: Endpoint messages over %s (frames: %s), peer %s process %d\n\n",
+      backend.c_str(), endpoint.channel().c_str(), "local", peer->pid());
   std::printf("%-9s %-9s %12s %12s  %-10s %12s %8s\n", "measure", "size", "rdmabuf", "p99",
               ucx.c_str(), "", "x");
   for (const Figure& f : figures) {
