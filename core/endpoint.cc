@@ -12,6 +12,11 @@
 //             (nothing was written; after kWithdrawn, the receiver giving
 //             up on a receive whose buffer it released already).
 //   handles   kBuffer.
+//             A receive too large for an inline message registers its
+//             memory when it is posted, or, while the messages lately
+//             were inline, only once a message needs it: its kPosted then
+//             carries no handle, and the sender asks with kHandleWanted,
+//             answered by kReceiveHandle (the handle, or why not).
 //   lending   kLendRequest -> kLent; kRenew -> kRenewed.
 //   writes    kNotify, after the write of a tagged write completed.
 //
@@ -86,6 +91,8 @@ enum class Frame : uint8_t {
   kBuffer = 13,
   kChannelOffer = 14,
   kChannelAnswer = 15,
+  kHandleWanted = 16,
+  kReceiveHandle = 17,
 };
 
 // Builds a frame: the header, then fields appended with the writer.
@@ -361,9 +368,21 @@ class EndpointImpl {
         inline_message.u64(credit.seq).fields().bytes(message.data(), size);
         return write_frame(inline_message);
       }
-      auto target = credit.buffer.slice(0, size);
-      Status wrote = target.ok() ? manager_.write_from(*target, message, left_until(deadline))
-                                 : target.status();
+      Status wrote;
+      if (!credit.buffer.valid()) {
+        // The receiver registers its memory only now that a message needs it.
+        auto handle = ask_for_handle(credit.seq, deadline);
+        if (handle.ok()) {
+          credit.buffer = std::move(handle).value();
+        } else {
+          wrote = handle.status();
+        }
+      }
+      if (wrote.ok()) {
+        auto target = credit.buffer.slice(0, size);
+        wrote = target.ok() ? manager_.write_from(*target, message, left_until(deadline))
+                            : target.status();
+      }
       const bool withdrawn = finish_send(credit.seq);
       if (wrote.ok()) return write_frame(FrameBuilder(Frame::kSent).u64(credit.seq).u64(size));
       // Nothing was delivered into `seq`: say so, so that every credit gets
@@ -379,13 +398,30 @@ class EndpointImpl {
     }
   }
 
+  // The handle of receive `seq` (its credit came without one), once the
+  // peer registered its memory. kNotFound when the receive was withdrawn.
+  Result<RemoteBuffer> ask_for_handle(uint64_t seq, Deadline deadline) {
+    FrameBuilder request(Frame::kHandleWanted);
+    RDMABUF_ASSIGN_OR_RETURN(
+        Reply reply,
+        call(
+            request, [&](uint64_t id) { request.u64(id).u64(seq); }, left_until(deadline)));
+    RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer buffer, RemoteBuffer::from_bytes(reply.body));
+    if (buffer.owner().manager_id != peer_manager_id_) {
+      return ProtocolError("the peer sent a receive's handle that is not its own");
+    }
+    return buffer;
+  }
+
   // Posts `into` for the next message: the receive's sequence number, for
   // wait_receive() or abandon_receive().
   Result<uint64_t> post_receive(const LocalMemory& into) {
     RDMABUF_RETURN_IF_ERROR(usable());
-    // A receive that only inline messages fit needs no registration.
+    // A receive that only inline messages fit needs no registration; a
+    // larger one registers now only while the messages lately were too
+    // large for a frame (else when the sender asks: kHandleWanted).
     RemoteBuffer handle;
-    if (into.size() > kInlineLimit) {
+    if (into.size() > kInlineLimit && register_when_posted_.load(std::memory_order_relaxed)) {
       RDMABUF_ASSIGN_OR_RETURN(handle, manager_.register_buffer(into));
     }
     uint64_t seq;
@@ -415,10 +451,12 @@ class EndpointImpl {
     Receive& receive = it->second;  // map nodes stay put; only this call erases it
     auto answered = [&] { return receive.answered || !broken_.ok(); };
     if (!await(lock, deadline, answered)) {
-      lock.unlock();
       // Withdraw: no byte may land once we return. Release first (it waits
       // for a write in flight), then ask the sender what became of it.
-      if (receive.handle.valid()) manager_.release(receive.handle).ignore();
+      receive.withdrawn = true;  // a handle registered from now on is released
+      const RemoteBuffer handle = receive.handle;
+      lock.unlock();
+      if (handle.valid()) manager_.release(handle).ignore();
       Status withdrawn = write_frame(FrameBuilder(Frame::kWithdrawn).u64(seq).u64(0));
       lock.lock();
       if (withdrawn.ok() && !await(lock, Clock::now() + kWithdrawGrace, answered)) {
@@ -537,8 +575,9 @@ class EndpointImpl {
   // One of our posted receives.
   struct Receive {
     LocalMemory into;
-    RemoteBuffer handle;     // `into`, registered, when larger than inline messages
+    RemoteBuffer handle;     // `into`, registered, once a message may need it
     bool abandoned = false;  // given up unanswered: drop the answer
+    bool withdrawn = false;  // timed out: its memory is not the peer's any more
     bool answered = false;
     Status status;  // kSent: OK; kTooLarge: InvalidArgument; kNotTaken: DeadlineExceeded
     uint64_t size = 0;
@@ -1010,7 +1049,7 @@ class EndpointImpl {
           }
           credit.buffer = std::move(buffer).value();
         }
-        if (capacity > (credit.buffer.valid() ? credit.buffer.size() : kInlineLimit)) {
+        if (credit.buffer.valid() && capacity > credit.buffer.size()) {
           return ProtocolError("endpoint credit larger than its buffer");
         }
         std::lock_guard lock(mu_);
@@ -1042,6 +1081,10 @@ class EndpointImpl {
         }
         receive.answered = true;
         receive.size = size;
+        if (type == Frame::kSent || inline_data) {
+          // The next receives register when posted while messages are large.
+          register_when_posted_.store(type == Frame::kSent, std::memory_order_relaxed);
+        }
         if (type == Frame::kSent) {
           receive.status = Status::Ok();
         } else if (inline_data) {
@@ -1105,8 +1148,16 @@ class EndpointImpl {
         return answer_renew(id, buffer_id,
                             std::chrono::milliseconds(std::min<uint64_t>(lease_ms, 1ull << 40)));
       }
+      case Frame::kHandleWanted: {
+        const uint64_t id = r.get<uint64_t>();
+        const uint64_t seq = r.get<uint64_t>();
+        if (!r.ok() || r.remaining() != 0)
+          return ProtocolError("malformed endpoint handle request");
+        return answer_handle_request(id, seq);
+      }
       case Frame::kLent:
-      case Frame::kRenewed: {
+      case Frame::kRenewed:
+      case Frame::kReceiveHandle: {
         const uint64_t id = r.get<uint64_t>();
         const auto code = static_cast<StatusCode>(r.get<uint8_t>());
         const uint64_t value = r.get<uint64_t>();
@@ -1175,6 +1226,47 @@ class EndpointImpl {
     leases_cv_.notify_all();  // the lease keeper learns the new expiry
     return reply(Frame::kLent, id, Status::Ok(), static_cast<uint64_t>(lease.count()),
                  handle->to_bytes());
+  }
+
+  // The peer has a message for receive `seq` that needs its memory: registers
+  // it, unless the receive is no longer open for the message.
+  Status answer_handle_request(uint64_t id, uint64_t seq) {
+    auto refuse = [&](const Status& why) { return reply(Frame::kReceiveHandle, id, why, 0, {}); };
+    const Status gone = NotFound("the receive was withdrawn");
+    auto open_receive = [&]() -> Receive* {
+      auto it = waiting_.find(seq);
+      if (it == waiting_.end()) return nullptr;
+      Receive& receive = it->second;
+      return receive.abandoned || receive.withdrawn || receive.answered ? nullptr : &receive;
+    };
+    LocalMemory into;
+    RemoteBuffer handle;
+    {
+      std::lock_guard lock(mu_);
+      Receive* receive = open_receive();
+      if (receive == nullptr) return refuse(gone);
+      into = receive->into;
+      handle = receive->handle;
+    }
+    if (!handle.valid()) {
+      auto registered = manager_.register_buffer(into);
+      if (!registered.ok()) return refuse(registered.status());
+      handle = std::move(registered).value();
+      bool kept = false;
+      {
+        std::lock_guard lock(mu_);
+        Receive* receive = open_receive();
+        if (receive != nullptr && !receive->handle.valid()) {
+          receive->handle = handle;  // released when the receive ends
+          kept = true;
+        }
+      }
+      if (!kept) {  // withdrawn meanwhile: its memory is not the peer's
+        manager_.release(handle).ignore();
+        return refuse(gone);
+      }
+    }
+    return reply(Frame::kReceiveHandle, id, Status::Ok(), 0, handle.to_bytes());
   }
 
   Status answer_renew(uint64_t id, uint64_t buffer_id, std::chrono::milliseconds lease) {
@@ -1293,6 +1385,9 @@ class EndpointImpl {
   std::vector<uint8_t> deferred_;  // frames held back (defer_frame), under write_mu_
   std::atomic<bool> has_deferred_{false};
   std::atomic<bool> serve_sleeping_{false};  // the endpoint's thread waits with no timeout
+  // Whether a receive too large for an inline message registers its memory
+  // when posted: while the messages lately were too (see post_receive).
+  std::atomic<bool> register_when_posted_{true};
   std::mutex join_mu_;
   std::thread reader_;
   std::thread lease_keeper_;
