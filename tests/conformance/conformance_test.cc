@@ -1096,6 +1096,62 @@ TEST_P(ConformanceTest, EndpointAbandonedReceiveTakesNoBytesAndTheNextGetsTheMes
   EXPECT_EQ(sender->send(with_pattern(100, 62), 200ms).code(), StatusCode::kDeadlineExceeded);
 }
 
+// After inline messages a large receive is posted without a handle; the
+// sender asks for one when its message needs it. A receive that times out
+// while that question crosses it either returns the message, late, or
+// leaves it to the next receive: never lost, never twice. Rounds with
+// different timeouts, so that the withdrawal lands before, during and
+// after the sender's question.
+TEST_P(ConformanceTest, EndpointLargeMessageRacingAWithdrawalArrivesOnce) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    LocalMemory small = with_sentinel(100);
+    auto inline_message = receiver->post_receive(small);
+    ASSERT_TRUE(inline_message.ok()) << inline_message.status().to_string();
+    ASSERT_TRUE(sender->send(with_pattern(10, 70), kTimeout).ok());
+    ASSERT_TRUE(inline_message->wait(kTimeout).ok());
+    LocalMemory first = with_sentinel(1 << 20);
+    auto racing = receiver->post_receive(first);
+    ASSERT_TRUE(racing.ok()) << racing.status().to_string();
+    const uint8_t seed = static_cast<uint8_t>(71 + round);
+    auto sending = std::async(std::launch::async, [&, &sender = sender] {
+      return sender->send(with_pattern(65536, seed), kTimeout);
+    });
+    auto got = racing->wait(std::chrono::milliseconds(round % 4));
+    if (got.ok()) {
+      EXPECT_EQ(*got, 65536u);
+      EXPECT_EQ(find_mismatch(first.span().first(65536), seed), std::nullopt);
+    } else {
+      EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded) << got.status().to_string();
+      LocalMemory next = with_sentinel(1 << 20);
+      auto size = receiver->receive(next, kTimeout);
+      ASSERT_TRUE(size.ok()) << size.status().to_string();
+      EXPECT_EQ(*size, 65536u);
+      EXPECT_EQ(find_mismatch(next.span().first(65536), seed), std::nullopt);
+    }
+    EXPECT_TRUE(sending.get().ok());
+  }
+  // Nothing is left over: no message came twice.
+  LocalMemory spare = with_sentinel(1 << 20);
+  EXPECT_EQ(receiver->receive(spare, 100ms).status().code(), StatusCode::kDeadlineExceeded);
+}
+
+// Frames travel through shared memory exactly when both managers may use
+// same-host memory; otherwise the endpoint says why not.
+TEST_P(ConformanceTest, EndpointSaysHowItsFramesTravel) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  if (backend() == "memory") {
+    EXPECT_EQ(receiver->channel(), "shared memory");
+    EXPECT_EQ(sender->channel(), "shared memory");
+  } else {
+    EXPECT_EQ(receiver->channel().rfind("tcp (", 0), 0u) << receiver->channel();
+    EXPECT_NE(sender->channel().find("memory backend"), std::string::npos) << sender->channel();
+  }
+}
+
 TEST_P(ConformanceTest, EndpointPostedReceiveFailsWhenTheEndpointCloses) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
