@@ -98,7 +98,9 @@ enum class Frame : uint8_t {
 // Builds a frame: the header, then fields appended with the writer.
 class FrameBuilder {
  public:
-  explicit FrameBuilder(Frame type) : w_(bytes_) {
+  // `payload_hint`: the payload's likely size, allocated at once.
+  explicit FrameBuilder(Frame type, size_t payload_hint = 64) : w_(bytes_) {
+    bytes_.reserve(kHeaderSize + payload_hint);
     w_.put<uint32_t>(0);  // the length, set by done()
     w_.put<uint8_t>(static_cast<uint8_t>(type));
   }
@@ -364,7 +366,7 @@ class EndpointImpl {
       }
       if (size <= kInlineLimit) {
         finish_send(credit.seq);
-        FrameBuilder inline_message(Frame::kSentInline);
+        FrameBuilder inline_message(Frame::kSentInline, sizeof(uint64_t) + size);
         inline_message.u64(credit.seq).fields().bytes(message.data(), size);
         return write_frame(inline_message);
       }
