@@ -2,8 +2,12 @@
 // to this process's listener and is killed while a message is on its way,
 // or while this process waits for it to post a receive. Neither side may
 // hang, deliver half a message as a whole one, or keep the memory posted.
+#include <dirent.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <future>
 
 #include "tests/integration/integration.h"
@@ -15,6 +19,15 @@ struct Connected {
   std::unique_ptr<TestPeer> peer;
   std::unique_ptr<Endpoint> endpoint;
 };
+
+// This process's manager for an endpoint whose frames travel through
+// `channel`: "tcp", or "shm" (shared memory; the peer process may use
+// every backend). Skips, saying why, when shared memory is not viable.
+std::unique_ptr<Manager> make_manager_for(const std::string& channel) {
+  return make_manager([&](Config& c) {
+    if (channel == "shm") c.backends = {"memory", "tcp"};
+  });
+}
 
 // A peer process whose endpoint is connected to one of `manager`.
 Connected connect_peer(Manager& manager) {
@@ -34,14 +47,42 @@ Connected connect_peer(Manager& manager) {
   return c;
 }
 
+class EndpointTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  // A manager and a peer process connected over the channel of the
+  // parameter; false (skipped, with the reason) when it is not viable here.
+  bool connect() {
+    manager_ = make_manager_for(GetParam());
+    if (!manager_) return false;
+    connected_ = connect_peer(*manager_);
+    if (!connected_.peer || !connected_.endpoint) return false;
+    if (GetParam() == "shm" && connected_.endpoint->channel() != "shared memory") {
+      skip_reason_ =
+          "frames do not travel through shared memory here: " + connected_.endpoint->channel();
+      return false;
+    }
+    return true;
+  }
+  std::unique_ptr<Manager> manager_;
+  Connected connected_;
+  std::string skip_reason_;
+};
+
+#define CONNECT_OR_SKIP()                                    \
+  if (!connect()) {                                          \
+    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_; \
+    FAIL() << "could not connect an endpoint to a peer";     \
+  }                                                          \
+  Manager* manager = manager_.get();                         \
+  auto& peer = connected_.peer;                              \
+  auto& endpoint = connected_.endpoint;                      \
+  (void)manager, (void)peer
+
 // The peer is killed while its message (large enough to be written, not
 // inlined) is on its way: the receive ends on time, with the whole message
 // or with kUnavailable, and its memory is no longer registered.
-TEST(EndpointTest, PeerKilledWithAMessageInFlight) {
-  auto manager = make_manager();
-  ASSERT_NE(manager, nullptr);
-  auto [peer, endpoint] = connect_peer(*manager);
-  ASSERT_TRUE(peer && endpoint);
+TEST_P(EndpointTest, PeerKilledWithAMessageInFlight) {
+  CONNECT_OR_SKIP();
   constexpr uint64_t kSize = 256 << 20;
   LocalMemory into = allocate(kSize);
   const size_t registered = manager->registered_count();
@@ -66,11 +107,8 @@ TEST(EndpointTest, PeerKilledWithAMessageInFlight) {
 
 // This side sends, the peer never posts a receive and is killed: the send
 // fails at once with kUnavailable, not at its timeout.
-TEST(EndpointTest, PeerKilledWhileASendWaitsForItsReceive) {
-  auto manager = make_manager();
-  ASSERT_NE(manager, nullptr);
-  auto [peer, endpoint] = connect_peer(*manager);
-  ASSERT_TRUE(peer && endpoint);
+TEST_P(EndpointTest, PeerKilledWhileASendWaitsForItsReceive) {
+  CONNECT_OR_SKIP();
   auto sending = std::async(std::launch::async, [&, &endpoint = endpoint] {
     return endpoint->send(with_pattern(1 << 20, 3), kTimeout);
   });
@@ -85,11 +123,8 @@ TEST(EndpointTest, PeerKilledWhileASendWaitsForItsReceive) {
 
 // A peer that exits cleanly with a send still waiting for a receive: the
 // endpoint closes, and both ends see it.
-TEST(EndpointTest, PeerThatExitsEndsItsEndpoint) {
-  auto manager = make_manager();
-  ASSERT_NE(manager, nullptr);
-  auto [peer, endpoint] = connect_peer(*manager);
-  ASSERT_TRUE(peer && endpoint);
+TEST_P(EndpointTest, PeerThatExitsEndsItsEndpoint) {
+  CONNECT_OR_SKIP();
   ASSERT_EQ(peer->command("endpoint-send 4096 5"), "started");
   LocalMemory into = allocate(4096);
   auto got = endpoint->receive(into, kTimeout);
@@ -98,6 +133,52 @@ TEST(EndpointTest, PeerThatExitsEndsItsEndpoint) {
   expect_clean_exit(*peer);
   EXPECT_EQ(endpoint->receive(allocate(8), kTimeout).status().code(), StatusCode::kUnavailable);
 }
+
+// This process's descriptor of the rings an endpoint shares with its peer
+// (a memfd named "rdmabuf-endpoint"), or -1.
+int find_endpoint_rings() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* entry = ::readdir(dir)) {
+    std::string link = "/proc/self/fd/" + std::string(entry->d_name);
+    char target[256] = {};
+    if (::readlink(link.c_str(), target, sizeof target - 1) <= 0) continue;
+    if (std::string(target).rfind("/memfd:rdmabuf-endpoint", 0) == 0)
+      found = std::atoi(entry->d_name);
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// A peer that scribbles over the shared rings (here: a tail that claims
+// ten rings' worth of unread bytes) is cut off with kProtocolError; nothing
+// is read out of bounds.
+TEST_P(EndpointTest, PeerThatCorruptsTheSharedRingsIsCutOff) {
+  if (GetParam() != "shm") GTEST_SKIP() << "frames travel through TCP: there are no rings";
+  CONNECT_OR_SKIP();
+  const int fd = find_endpoint_rings();
+  ASSERT_GE(fd, 0) << "no memfd:rdmabuf-endpoint among this process's descriptors";
+  constexpr size_t kPage = 4096;
+  void* base = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(base, MAP_FAILED);
+  // The layout of docs/wire-format.md: magic, nonce, ring size, then ring
+  // 0's control (written by the connecting side, the peer) at byte 64:
+  // tail, head, doorbell, a 64-byte line each.
+  auto* words = static_cast<uint64_t*>(base);
+  ASSERT_EQ(words[2], 512u << 10) << "ring size where the layout says";
+  std::atomic_ref<uint64_t> tail(words[64 / 8]);
+  const uint64_t head = std::atomic_ref<uint64_t>(words[128 / 8]).load();
+  tail.store(head + 10 * words[2]);
+  auto received = endpoint->receive(allocate(4096), kTimeout);
+  EXPECT_EQ(received.status().code(), StatusCode::kProtocolError) << received.status().to_string();
+  ::munmap(base, kPage);
+}
+
+INSTANTIATE_TEST_SUITE_P(Channels, EndpointTest, ::testing::Values("tcp", "shm"),
+                         [](const ::testing::TestParamInfo<std::string>& channel) {
+                           return channel.param;
+                         });
 
 }  // namespace
 }  // namespace rdmabuf::testing
