@@ -445,6 +445,10 @@ class EndpointImpl {
   // receive is withdrawn (see Endpoint::receive).
   Result<uint64_t> wait_receive(uint64_t seq, std::chrono::milliseconds timeout) {
     const Deadline deadline = deadline_after(timeout);
+    // Credits held back go now even when the message is here already: a
+    // receiver that keeps up with a fast sender would otherwise hold them
+    // until it falls behind, and the sender would stall meanwhile.
+    flush().ignore();  // a failure breaks the endpoint: the wait says so
     std::unique_lock lock(mu_);
     auto it = waiting_.find(seq);
     if (it == waiting_.end() || it->second.abandoned) {
