@@ -41,6 +41,7 @@ namespace {
 
 constexpr size_t kDataOffset = 4096;  // the layout's page; the rings follow
 constexpr size_t kFileBytes = kDataOffset + 2 * kRingBytes;
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
 template <typename T>
 std::atomic_ref<T> shared(T& field) {
@@ -70,10 +71,16 @@ uint8_t* ShmChannel::ring_data(int ring) const {
 
 Result<std::unique_ptr<ShmChannel>> ShmChannel::create() {
   static_assert(sizeof(Layout) <= kDataOffset);
-  Fd fd(static_cast<int>(syscall(SYS_memfd_create, "rdmabuf-endpoint", MFD_CLOEXEC)));
+  Fd fd(static_cast<int>(
+      syscall(SYS_memfd_create, "rdmabuf-endpoint", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
   if (!fd.valid()) return ResourceExhausted("memfd_create: " + errno_text(errno));
   if (::ftruncate(fd.get(), static_cast<off_t>(kFileBytes)) != 0) {
     return ResourceExhausted("sizing the endpoint's shared rings: " + errno_text(errno));
+  }
+  // Sealed at its size: neither side can shrink the file under the other's
+  // mapping (a load past its end would kill that process with SIGBUS).
+  if (::fcntl(fd.get(), F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) {
+    return ResourceExhausted("sealing the endpoint's shared rings: " + errno_text(errno));
   }
   void* base = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
@@ -110,8 +117,11 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {
                               " (another user, or a ptrace policy that forbids access)");
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) != kFileBytes) {
-    return FailedPrecondition(path + " is not an endpoint's shared rings");
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) != kFileBytes || seals < 0 ||
+      (seals & kSizeSeals) != kSizeSeals) {
+    return FailedPrecondition(path +
+                              " is not an endpoint's shared rings (or not sealed at its size)");
   }
   void* base = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
