@@ -68,10 +68,17 @@ PinEntry& Segment::pin(uint32_t index) const {
 }
 
 Result<std::unique_ptr<Segment>> Segment::create(uint64_t manager_id) {
-  Fd fd(static_cast<int>(syscall(SYS_memfd_create, "rdmabuf-state", MFD_CLOEXEC)));
+  Fd fd(static_cast<int>(
+      syscall(SYS_memfd_create, "rdmabuf-state", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
   if (!fd.valid()) return ResourceExhausted("memfd_create: " + errno_text(errno));
   if (::ftruncate(fd.get(), static_cast<off_t>(segment_bytes())) != 0) {
     return ResourceExhausted("sizing the shared state: " + errno_text(errno));
+  }
+  // Sealed at its size: a reader (which opens it read-write) cannot shrink
+  // it under the owner's mapping, nor the owner under a reader's; a load
+  // past the end would kill that process with SIGBUS.
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return ResourceExhausted("sealing the shared state: " + errno_text(errno));
   }
   void* base = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED)
@@ -100,8 +107,11 @@ Result<std::unique_ptr<Segment>> Segment::open(pid_t pid, int fd, uint64_t manag
                             " (another user, or a ptrace policy that forbids access)");
   }
   struct stat st {};
-  if (::fstat(file.get(), &st) != 0 || static_cast<size_t>(st.st_size) != segment_bytes()) {
-    return NotFound(path + " is not an rdmabuf shared state");
+  const int seals = ::fcntl(file.get(), F_GET_SEALS);
+  constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+  if (::fstat(file.get(), &st) != 0 || static_cast<size_t>(st.st_size) != segment_bytes() ||
+      seals < 0 || (seals & kSizeSeals) != kSizeSeals) {
+    return NotFound(path + " is not an rdmabuf shared state (or not sealed at its size)");
   }
   void* base = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, file.get(), 0);
   if (base == MAP_FAILED) return ResourceExhausted("mapping " + path + ": " + errno_text(errno));
