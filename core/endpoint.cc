@@ -880,14 +880,28 @@ class EndpointImpl {
 
   // Shared-memory channel: empties the TCP connection of doorbells (it
   // carries nothing else) and notes its end. Reader role held.
+  //
+  // One doorbell wakes every sleeper of this side, but a caller may take it
+  // before the endpoint's thread, asleep in epoll_wait, has looked: then
+  // that thread would sleep on with its request used up, and frames no call
+  // waits for would sit in the ring. So a taken doorbell is counted, and
+  // the endpoint's thread, when it sleeps, is woken to look again.
   void take_doorbells() {
     uint8_t bells[64];
+    bool took = false;
     while (true) {
       ssize_t n = ::recv(fd_.get(), bells, sizeof bells, MSG_DONTWAIT);
-      if (n > 0 || (n < 0 && errno == EINTR)) continue;
+      if (n < 0 && errno == EINTR) continue;
+      if (n > 0) {
+        took = true;
+        continue;
+      }
       if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) peer_closed_ = true;
-      return;
+      break;
     }
+    if (!took) return;
+    doorbells_taken_.fetch_add(1);  // seq_cst, against serve_sleeping_ (see serve)
+    if (serve_sleeping_.load()) signal_eventfd(wake_.get());
   }
 
   // Arms the endpoint thread's one-shot watch on the socket.
@@ -980,6 +994,13 @@ class EndpointImpl {
       epoll_event events[3];
       // Sleeping with no timeout: a frame deferred from now on wakes us.
       serve_sleeping_.store(timeout_ms < 0);
+      if (timeout_ms < 0 && shm_ && doorbells_taken_.load() != doorbells_seen_) {
+        // A caller took a doorbell since this thread asked for one: it may
+        // have been this thread's. Look again soon instead of sleeping on it.
+        serve_sleeping_.store(false);
+        timeout_ms =
+            static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(kLinger).count());
+      }
       if (!(timeout_ms < 0 && has_deferred_.load()) &&
           ::epoll_wait(events_.get(), events, 3, timeout_ms) < 0 && errno != EINTR) {
         break_with(Internal("epoll_wait: " + errno_text(errno)));
@@ -1013,6 +1034,7 @@ class EndpointImpl {
         // that came meanwhile are read first.
         if (!st.ok() || !shm_ || notes_full() || shm_->request_doorbell()) break;
       }
+      doorbells_seen_ = doorbells_taken_.load();
       watch_socket();
       give_back_role();
       if (!st.ok()) {
@@ -1391,6 +1413,10 @@ class EndpointImpl {
   std::vector<uint8_t> deferred_;  // frames held back (defer_frame), under write_mu_
   std::atomic<bool> has_deferred_{false};
   std::atomic<bool> serve_sleeping_{false};  // the endpoint's thread waits with no timeout
+  // Shared-memory channel: doorbells taken from the socket (take_doorbells),
+  // and how many there were when the endpoint's thread last asked for one.
+  std::atomic<uint64_t> doorbells_taken_{0};
+  uint64_t doorbells_seen_ = 0;  // the endpoint's thread alone
   // Whether a receive too large for an inline message registers its memory
   // when posted: while the messages lately were too (see post_receive).
   std::atomic<bool> register_when_posted_{true};

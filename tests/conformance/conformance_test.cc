@@ -1138,6 +1138,30 @@ TEST_P(ConformanceTest, EndpointLargeMessageRacingAWithdrawalArrivesOnce) {
   EXPECT_EQ(receiver->receive(spare, 100ms).status().code(), StatusCode::kDeadlineExceeded);
 }
 
+// Frames nobody waits for (here notifications) are read by the endpoint's
+// own thread, also right after a caller slept on the channel and took the
+// wake-up both were waiting for. Rounds: a receive that sleeps, a message
+// that wakes it, then a tagged write whose notification must come soon.
+TEST_P(ConformanceTest, EndpointNotificationAfterAWokenReceiveIsDelivered) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  Owned target = own(4096, 9);
+  for (int round = 0; round < 100; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    LocalMemory into = allocate(64);
+    auto receiving = std::async(std::launch::async, [&, &receiver = receiver] {
+      return receiver->receive(into, kTimeout);
+    });
+    std::this_thread::sleep_for(2ms);  // past the busy-poll window: asleep
+    ASSERT_TRUE(sender->send(with_pattern(64, 3), kTimeout).ok());
+    ASSERT_TRUE(receiving.get().ok());
+    ASSERT_TRUE(sender->write(target.handle, with_pattern(64, 4), round, kTimeout).ok());
+    auto n = owner_->next_notification(2s);
+    ASSERT_TRUE(n.ok()) << "the notification was not read: " << n.status().to_string();
+    EXPECT_EQ(n->tag, static_cast<uint32_t>(round));
+  }
+}
+
 // Frames travel through shared memory exactly when both managers may use
 // same-host memory; otherwise the endpoint says why not.
 TEST_P(ConformanceTest, EndpointSaysHowItsFramesTravel) {
