@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <mutex>
 #include <set>
 
@@ -42,7 +43,8 @@ class ManagerImpl final : public OpRouter {
   std::vector<BackendInfo> backends() const;
   Result<RemoteBuffer> register_buffer(LocalMemory memory);
   Status release(const RemoteBuffer& handle);
-  size_t registered_count() const { return registry_.size(); }
+  // A buffer counts until its release has returned (every backend let go).
+  size_t registered_count() const { return registry_.size() + releasing_.load(); }
   Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
                   std::function<void()> on_done);
   void shutdown();
@@ -75,7 +77,8 @@ class ManagerImpl final : public OpRouter {
   Config config_;
   PeerIdentity identity_;
   Registry registry_;
-  std::vector<Slot> slots_;  // priority order, best first
+  std::atomic<size_t> releasing_{0};  // release() calls under way (registered_count)
+  std::vector<Slot> slots_;           // priority order, best first
   std::unique_ptr<Listener> listener_;
   DeadlineWatcher deadlines_;
   std::atomic<uint64_t> next_id_{1};
@@ -250,11 +253,15 @@ Status ManagerImpl::release(const RemoteBuffer& handle) {
     return InvalidArgument("cannot release " + handle.describe() + ": it was not minted by " +
                            identity_.to_string());
   }
-  RDMABUF_RETURN_IF_ERROR(registry_.release(handle.id()));
-  for (Slot& slot : slots_) {
-    if (slot.backend) slot.backend->unregister_memory(handle.id());
+  releasing_.fetch_add(1);  // counted from before the registry lets go
+  Status released = registry_.release(handle.id());
+  if (released.ok()) {
+    for (Slot& slot : slots_) {
+      if (slot.backend) slot.backend->unregister_memory(handle.id());
+    }
   }
-  return Status::Ok();
+  releasing_.fetch_sub(1);
+  return released;
 }
 
 namespace {

@@ -68,7 +68,9 @@ class Manager {
   // handle was minted by another manager.
   Status release(const RemoteBuffer& handle);
 
-  // Buffers currently registered.
+  // Buffers currently registered. A buffer being released counts until its
+  // release() has returned, so once the count drops, every access to it
+  // fails with kNotFound on every backend.
   size_t registered_count() const;
 
   // Starts `ops` and returns at once. Each op goes to the best transport
