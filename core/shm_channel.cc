@@ -43,6 +43,11 @@ constexpr size_t kDataOffset = 4096;  // the layout's page; the rings follow
 constexpr size_t kFileBytes = kDataOffset + 2 * kRingBytes;
 constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
+// Positions and flags are shared with another process: only lock-free
+// atomics work across address spaces.
+static_assert(std::atomic_ref<uint64_t>::is_always_lock_free &&
+              std::atomic_ref<uint32_t>::is_always_lock_free);
+
 template <typename T>
 std::atomic_ref<T> shared(T& field) {
   return std::atomic_ref<T>(field);
@@ -110,7 +115,8 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {
     return FailedPrecondition("the peer is in another PID namespace (another container?)");
   }
   const std::string path = "/proc/" + std::to_string(offer.pid) + "/fd/" + std::to_string(offer.fd);
-  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  // O_NONBLOCK: a hostile offer may name a device whose open would block.
+  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) {
     return FailedPrecondition("cannot open the peer's shared rings " + path + ": " +
                               errno_text(errno) +
