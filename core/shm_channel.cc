@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <cstring>
 
 #include "common/host.h"
+#include "common/shared_file.h"
 
 namespace rdmabuf {
 namespace {
@@ -41,7 +40,6 @@ namespace {
 
 constexpr size_t kDataOffset = 4096;  // the layout's page; the rings follow
 constexpr size_t kFileBytes = kDataOffset + 2 * kRingBytes;
-constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
 // Positions and flags are shared with another process: only lock-free
 // atomics work across address spaces.
@@ -76,17 +74,9 @@ uint8_t* ShmChannel::ring_data(int ring) const {
 
 Result<std::unique_ptr<ShmChannel>> ShmChannel::create() {
   static_assert(sizeof(Layout) <= kDataOffset);
-  Fd fd(static_cast<int>(
-      syscall(SYS_memfd_create, "rdmabuf-endpoint", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
-  if (!fd.valid()) return ResourceExhausted("memfd_create: " + errno_text(errno));
-  if (::ftruncate(fd.get(), static_cast<off_t>(kFileBytes)) != 0) {
-    return ResourceExhausted("sizing the endpoint's shared rings: " + errno_text(errno));
-  }
-  // Sealed at its size: neither side can shrink the file under the other's
-  // mapping (a load past its end would kill that process with SIGBUS).
-  if (::fcntl(fd.get(), F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) {
-    return ResourceExhausted("sealing the endpoint's shared rings: " + errno_text(errno));
-  }
+  // Sealed at its size: both sides hold it read-write (common/shared_file.h).
+  RDMABUF_ASSIGN_OR_RETURN(
+      Fd fd, create_sealed_memfd("rdmabuf-endpoint", kFileBytes, "the endpoint's shared rings"));
   void* base = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
     return ResourceExhausted("mapping the endpoint's shared rings: " + errno_text(errno));
@@ -122,10 +112,7 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {
                               errno_text(errno) +
                               " (another user, or a ptrace policy that forbids access)");
   }
-  struct stat st {};
-  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
-  if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) != kFileBytes || seals < 0 ||
-      (seals & kSizeSeals) != kSizeSeals) {
+  if (!sealed_at_size(fd.get(), kFileBytes)) {
     return FailedPrecondition(path +
                               " is not an endpoint's shared rings (or not sealed at its size)");
   }

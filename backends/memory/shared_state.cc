@@ -16,6 +16,8 @@
 #include <fstream>
 #include <thread>
 
+#include "common/shared_file.h"
+
 namespace rdmabuf::memory {
 namespace {
 
@@ -68,18 +70,9 @@ PinEntry& Segment::pin(uint32_t index) const {
 }
 
 Result<std::unique_ptr<Segment>> Segment::create(uint64_t manager_id) {
-  Fd fd(static_cast<int>(
-      syscall(SYS_memfd_create, "rdmabuf-state", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
-  if (!fd.valid()) return ResourceExhausted("memfd_create: " + errno_text(errno));
-  if (::ftruncate(fd.get(), static_cast<off_t>(segment_bytes())) != 0) {
-    return ResourceExhausted("sizing the shared state: " + errno_text(errno));
-  }
-  // Sealed at its size: a reader (which opens it read-write) cannot shrink
-  // it under the owner's mapping, nor the owner under a reader's; a load
-  // past the end would kill that process with SIGBUS.
-  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return ResourceExhausted("sealing the shared state: " + errno_text(errno));
-  }
+  // Sealed at its size: readers open it read-write (common/shared_file.h).
+  RDMABUF_ASSIGN_OR_RETURN(
+      Fd fd, create_sealed_memfd("rdmabuf-state", segment_bytes(), "the shared state"));
   void* base = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED)
     return ResourceExhausted("mapping the shared state: " + errno_text(errno));
@@ -106,11 +99,7 @@ Result<std::unique_ptr<Segment>> Segment::open(pid_t pid, int fd, uint64_t manag
                             errno_text(err) +
                             " (another user, or a ptrace policy that forbids access)");
   }
-  struct stat st {};
-  const int seals = ::fcntl(file.get(), F_GET_SEALS);
-  constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
-  if (::fstat(file.get(), &st) != 0 || static_cast<size_t>(st.st_size) != segment_bytes() ||
-      seals < 0 || (seals & kSizeSeals) != kSizeSeals) {
+  if (!sealed_at_size(file.get(), segment_bytes())) {
     return NotFound(path + " is not an rdmabuf shared state (or not sealed at its size)");
   }
   void* base = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, file.get(), 0);
