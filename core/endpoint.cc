@@ -146,14 +146,20 @@ Status read_frame(int fd, Deadline deadline, int stop_fd, Frame& type,
   return recv_exact(fd, payload.data(), size, deadline, stop_fd);
 }
 
+// Sends one frame before `deadline` (the handshake, before the endpoint's
+// threads exist).
+Status send_frame(int fd, FrameBuilder& frame, Deadline deadline) {
+  auto bytes = frame.done();
+  return send_exact(fd, bytes.data(), bytes.size(), deadline);
+}
+
 // Both sides send a hello and check the other's: the peer's manager id.
 Result<uint64_t> greet(int fd, uint64_t manager_id, Deadline deadline) {
   FrameBuilder hello(Frame::kHello);
   hello.fields().put<uint32_t>(kMagic);
   hello.fields().put<uint16_t>(kVersion);
   hello.u64(manager_id);
-  auto bytes = hello.done();
-  RDMABUF_RETURN_IF_ERROR(send_exact(fd, bytes.data(), bytes.size(), deadline));
+  RDMABUF_RETURN_IF_ERROR(send_frame(fd, hello, deadline));
   Frame type{};
   std::vector<uint8_t> payload;
   RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, -1, type, payload));
@@ -218,8 +224,7 @@ Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
     offer.fields().put<uint8_t>(0);
     offer.blob(text_bytes(allowed.message()));
   }
-  auto bytes = offer.done();
-  RDMABUF_RETURN_IF_ERROR(send_exact(fd, bytes.data(), bytes.size(), deadline));
+  RDMABUF_RETURN_IF_ERROR(send_frame(fd, offer, deadline));
   Frame type{};
   std::vector<uint8_t> payload;
   RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, -1, type, payload));
@@ -272,8 +277,7 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline) {
   FrameBuilder answer(Frame::kChannelAnswer);
   answer.fields().put<uint8_t>(channel.shm ? 1 : 0);
   answer.blob(usable.ok() ? std::span<const uint8_t>() : text_bytes(usable.message()));
-  auto bytes = answer.done();
-  RDMABUF_RETURN_IF_ERROR(send_exact(fd, bytes.data(), bytes.size(), deadline));
+  RDMABUF_RETURN_IF_ERROR(send_frame(fd, answer, deadline));
   return channel;
 }
 
