@@ -74,6 +74,7 @@ constexpr size_t kMaxPendingNotes = 1024;
 // How long after a caller last read the endpoint's thread leaves the
 // socket to callers (see "progress" below).
 constexpr auto kLinger = std::chrono::milliseconds(1);
+constexpr int kLingerMs = static_cast<int>(kLinger.count());  // for epoll_wait
 
 enum class Frame : uint8_t {
   kHello = 1,
@@ -1002,8 +1003,7 @@ class EndpointImpl {
         // A caller took a doorbell since this thread asked for one: it may
         // have been this thread's. Look again soon instead of sleeping on it.
         serve_sleeping_.store(false);
-        timeout_ms =
-            static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(kLinger).count());
+        timeout_ms = kLingerMs;
       }
       if (!(timeout_ms < 0 && has_deferred_.load()) &&
           ::epoll_wait(events_.get(), events, 3, timeout_ms) < 0 && errno != EINTR) {
@@ -1018,7 +1018,7 @@ class EndpointImpl {
         break;
       }
       if (stopping()) break;
-      timeout_ms = static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(kLinger).count());
+      timeout_ms = kLingerMs;
       if (led_lately() || !read_mu_.try_lock()) continue;  // callers read: look again later
       timeout_ms = -1;
       {
