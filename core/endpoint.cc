@@ -37,6 +37,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -116,8 +117,10 @@ class FrameBuilder {
     w_.bytes(data.data(), data.size());
     return *this;
   }
-  std::vector<uint8_t> done() {
-    uint32_t size = static_cast<uint32_t>(bytes_.size() - kHeaderSize);
+  // The frame's bytes; `tail_size` more payload bytes follow them (sent
+  // separately, so a message is not copied into the frame).
+  std::vector<uint8_t> done(size_t tail_size = 0) {
+    uint32_t size = static_cast<uint32_t>(bytes_.size() - kHeaderSize + tail_size);
     std::memcpy(bytes_.data(), &size, sizeof size);
     return std::move(bytes_);
   }
@@ -358,11 +361,14 @@ class EndpointImpl {
         if (!broken_.ok()) return broken_;
         credit = std::move(credits_.front());
         credits_.pop_front();
-        in_send_[credit.seq] = false;  // taken, not withdrawn
+        // A send answered by one frame needs no record: a withdrawal that
+        // comes meanwhile finds the credit gone, and our answer answers it.
+        if (message.size() > kInlineLimit && message.size() <= credit.capacity) {
+          in_send_[credit.seq] = false;  // taken, not withdrawn
+        }
       }
       const uint64_t size = message.size();
       if (size > credit.capacity) {
-        finish_send(credit.seq);
         RDMABUF_RETURN_IF_ERROR(
             write_frame(FrameBuilder(Frame::kTooLarge).u64(credit.seq).u64(size)));
         return InvalidArgument("a message of " + std::to_string(size) +
@@ -370,10 +376,10 @@ class EndpointImpl {
                                std::to_string(credit.capacity) + " bytes)");
       }
       if (size <= kInlineLimit) {
-        finish_send(credit.seq);
-        FrameBuilder inline_message(Frame::kSentInline, sizeof(uint64_t) + size);
-        inline_message.u64(credit.seq).fields().bytes(message.data(), size);
-        return write_frame(inline_message);
+        FrameBuilder inline_message(Frame::kSentInline, sizeof(uint64_t));
+        inline_message.u64(credit.seq);
+        return write_frame(inline_message,
+                           {reinterpret_cast<const uint8_t*>(message.data()), size});
       }
       Status wrote;
       if (!credit.buffer.valid()) {
@@ -638,20 +644,27 @@ class EndpointImpl {
     return withdrawn;
   }
 
-  Status write_frame(FrameBuilder& builder) { return write_bytes(builder.done()); }
-  Status write_frame(FrameBuilder&& builder) { return write_bytes(builder.done()); }
+  // Writes a frame; `tail`: the end of its payload, kept apart (a message).
+  Status write_frame(FrameBuilder& builder, std::span<const uint8_t> tail = {}) {
+    const std::vector<uint8_t> head = builder.done(tail.size());
+    const std::span<const uint8_t> pieces[] = {head, tail};
+    return write_pieces(pieces);
+  }
+  Status write_frame(FrameBuilder&& builder) { return write_frame(builder); }
 
-  // Writes `bytes` (whole frames), after the deferred ones, in one send.
-  Status write_bytes(const std::vector<uint8_t>& bytes) {
+  // Writes `pieces` (whole frames, together), after the deferred frames.
+  Status write_pieces(std::span<const std::span<const uint8_t>> pieces) {
     Status st;
     {
       std::lock_guard lock(write_mu_);
-      const std::vector<uint8_t>* out = &bytes;
-      if (!deferred_.empty()) {
-        deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
-        out = &deferred_;
+      if (!shm_ || !deferred_.empty()) {  // one buffer: one send, or one copy into the ring
+        for (const auto& piece : pieces)
+          deferred_.insert(deferred_.end(), piece.begin(), piece.end());
+        const std::span<const uint8_t> all[] = {deferred_};
+        st = transmit(all);
+      } else {
+        st = transmit(pieces);
       }
-      st = transmit(out->data(), out->size());
       deferred_.clear();
       has_deferred_.store(false);
     }
@@ -661,15 +674,20 @@ class EndpointImpl {
     return usable();
   }
 
-  // Writes `size` bytes of whole frames into the control channel (write_mu_
-  // held): the TCP connection, or the shared ring and then a doorbell when
-  // the peer's reader asked for one.
-  Status transmit(const uint8_t* data, size_t size) {
+  // Writes the bytes of `pieces` (whole frames) into the control channel
+  // (write_mu_ held): the TCP connection (one piece), or the shared ring and
+  // then a doorbell when the peer's reader asked for one.
+  Status transmit(std::span<const std::span<const uint8_t>> pieces) {
     const Deadline deadline = Clock::now() + kFrameWriteLimit;
-    if (!shm_) return send_exact(fd_.get(), data, size, deadline, stop_.get());
+    if (!shm_) {
+      return send_exact(fd_.get(), pieces[0].data(), pieces[0].size(), deadline, stop_.get());
+    }
+    size_t size = 0;
+    for (const auto& piece : pieces)
+      size += piece.size();
     size_t done = 0;
     for (int idle = 0;; ++idle) {
-      RDMABUF_ASSIGN_OR_RETURN(size_t n, shm_->write_some(data + done, size - done));
+      RDMABUF_ASSIGN_OR_RETURN(size_t n, shm_->write_some(pieces, done));
       done += n;
       if (shm_->doorbell_requested()) ring_doorbell();
       if (done == size) return Status::Ok();
@@ -708,11 +726,11 @@ class EndpointImpl {
   // Through shared memory a frame costs no system call, and is written at
   // once: holding credits back there only starves the sender.
   void defer_frame(FrameBuilder&& builder) {
-    auto bytes = builder.done();
     if (shm_) {
-      write_bytes(bytes).ignore();  // a failure breaks the endpoint: its waits say so
+      write_frame(builder).ignore();  // a failure breaks the endpoint: its waits say so
       return;
     }
+    auto bytes = builder.done();
     {
       std::lock_guard lock(write_mu_);
       deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
@@ -724,7 +742,7 @@ class EndpointImpl {
   // Writes the frames held back, if any.
   Status flush() {
     if (!has_deferred_.load()) return Status::Ok();
-    return write_bytes({});
+    return write_pieces({});
   }
 
   // Sends a request built by `fill(request id)` and waits for its reply.

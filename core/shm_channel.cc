@@ -130,21 +130,47 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {
 }
 
 Result<size_t> ShmChannel::write_some(const uint8_t* data, size_t size) {
+  const std::span<const uint8_t> piece(data, size);
+  return write_some(std::span(&piece, 1), 0);
+}
+
+Result<size_t> ShmChannel::write_some(std::span<const std::span<const uint8_t>> pieces,
+                                      size_t skip) {
   RingControl& ring = layout().rings[out_];
-  const uint64_t head = shared(ring.head).load(std::memory_order_acquire);
-  const uint64_t used = out_tail_ - head;
-  if (used > kRingBytes) return ProtocolError("the peer corrupted the endpoint's shared ring");
-  const size_t n = std::min<size_t>(size, kRingBytes - used);
-  if (n == 0) return n;
-  const size_t at = out_tail_ & (kRingBytes - 1);
-  const size_t first = std::min(n, kRingBytes - at);
-  std::memcpy(ring_data(out_) + at, data, first);
-  std::memcpy(ring_data(out_), data + first, n - first);
-  out_tail_ += n;
+  size_t wanted = 0;
+  for (const auto& piece : pieces)
+    wanted += piece.size();
+  wanted -= std::min(skip, wanted);
+  if (kRingBytes - (out_tail_ - out_head_) < wanted) {  // look at the reader's progress
+    const uint64_t head = shared(ring.head).load(std::memory_order_acquire);
+    if (out_tail_ - head > kRingBytes) {
+      return ProtocolError("the peer corrupted the endpoint's shared ring");
+    }
+    out_head_ = head;
+  }
+  const size_t room = kRingBytes - (out_tail_ - out_head_);
+  size_t written = 0;
+  for (std::span<const uint8_t> piece : pieces) {
+    if (skip >= piece.size()) {
+      skip -= piece.size();
+      continue;
+    }
+    piece = piece.subspan(skip);
+    skip = 0;
+    const size_t n = std::min(piece.size(), room - written);
+    const size_t at = (out_tail_ + written) & (kRingBytes - 1);
+    const size_t first = std::min(n, kRingBytes - at);
+    std::memcpy(ring_data(out_) + at, piece.data(), first);
+    std::memcpy(ring_data(out_), piece.data() + first, n - first);
+    written += n;
+    if (written == room) break;
+  }
+  if (written == 0) return written;
+  out_tail_ += written;
   // seq_cst, with doorbell_requested()'s load: a reader that asked for a
   // doorbell before this store is seen; one that asks after sees the bytes.
   shared(ring.tail).store(out_tail_, std::memory_order_seq_cst);
-  return n;
+  return written;
 }
 
 Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {

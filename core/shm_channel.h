@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "common/socket.h"
@@ -58,6 +59,10 @@ class ShmChannel {
   // Copies up to `size` bytes into the outgoing ring: how many fitted, 0
   // when it is full. kProtocolError when the peer corrupted the ring.
   Result<size_t> write_some(const uint8_t* data, size_t size);
+  // The same for the bytes of `pieces` in turn, after skipping `skip` of
+  // them: a frame's header and its payload with no copy in between, and
+  // published to the reader at once.
+  Result<size_t> write_some(std::span<const std::span<const uint8_t>> pieces, size_t skip);
   // Copies up to `size` bytes out of the incoming ring: how many, 0 when it
   // is empty. kProtocolError when the peer corrupted the ring.
   Result<size_t> read_some(uint8_t* out, size_t size);
@@ -87,6 +92,10 @@ class ShmChannel {
   int in_ = 1;             // the ring this side reads
   uint64_t out_tail_ = 0;  // this side's own positions, never read back
   uint64_t in_head_ = 0;   // from the shared file
+  // The reader's head as this side last loaded it: there is at least this
+  // much room, so the writer loads the peer's line only when that is not
+  // enough (a cache line less to move per frame).
+  uint64_t out_head_ = 0;
 };
 
 }  // namespace rdmabuf
