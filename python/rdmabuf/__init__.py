@@ -5,6 +5,8 @@ bytearray) as an `RDMABuffer` and sends the buffer to other processes by
 pickling it; they read that memory into their own (`read_into`) or write
 their own into it (`write_from`) without the owner's code taking part.
 Transfers return a `Future`: ``await`` it from asyncio, or ``.get()`` it.
+Processes that also need to talk connect an `Endpoint` (`listen` /
+`connect`): messages, handles, lent memory and tagged writes.
 
     import rdmabuf, torch
 
@@ -39,6 +41,7 @@ from ._errors import (
     UnimplementedError,
 )
 from ._buffer import LocalMemory, Owner, RDMAAction, RDMABuffer
+from ._endpoint import Endpoint, Lease, Listener, Notification, connect, listen, next_notification
 from ._future import Future
 from ._manager import BackendInfo, Config, backends, config, configure, shutdown
 from ._rdmabuf import version as _version
@@ -51,6 +54,13 @@ __all__ = [
     "Future",
     "Owner",
     "LocalMemory",
+    "listen",
+    "connect",
+    "next_notification",
+    "Listener",
+    "Endpoint",
+    "Lease",
+    "Notification",
     "backends",
     "BackendInfo",
     "configure",

@@ -243,4 +243,13 @@ class PyTransfer {
   std::vector<PyLocal> locals_;
 };
 
+// --- Endpoints (endpoints.cc) ---------------------------------------------------
+
+// Adds Manager.listen / connect / next_notification and the Listener,
+// Endpoint and LentMemory types to the module.
+void bind_endpoints(py::module_& module, py::class_<PyManager>& manager);
+
+// Raises InvalidArgument for an empty handle.
+void check_handle(const RemoteBuffer& remote);
+
 }  // namespace rdmabuf::python

@@ -148,10 +148,6 @@ RemoteBuffer handle_from_bytes(py::handle data) {
   return std::move(handle).value();
 }
 
-void check_handle(const RemoteBuffer& remote) {
-  if (!remote.valid()) raise_code(StatusCode::kInvalidArgument, "the handle is empty");
-}
-
 std::string bytes_text(uint64_t n) {
   return std::to_string(n) + " B";
 }
@@ -308,6 +304,11 @@ py::list backends_list(PyManager& pm) {
 }
 
 }  // namespace
+
+void check_handle(const RemoteBuffer& remote) {
+  if (!remote.valid()) raise_code(StatusCode::kInvalidArgument, "the handle is empty");
+}
+
 }  // namespace rdmabuf::python
 
 PYBIND11_MODULE(_rdmabuf, m) {
@@ -390,7 +391,8 @@ PYBIND11_MODULE(_rdmabuf, m) {
       .def_property_readonly("dropped", &PyRegistration::dropped)
       .def("drop", &PyRegistration::drop);
 
-  py::class_<PyManager>(m, "Manager")
+  py::class_<PyManager> manager(m, "Manager");
+  manager
       .def(py::init([](const py::dict& overrides) {
         Config config = make_config(overrides);
         Result<std::unique_ptr<Manager>> created = [&] {
@@ -411,4 +413,5 @@ PYBIND11_MODULE(_rdmabuf, m) {
       .def("shutdown", &PyManager::shutdown)
       .def_property_readonly("shut_down", &PyManager::shut_down)
       .def_property_readonly("in_this_process", &PyManager::in_this_process);
+  bind_endpoints(m, manager);
 }

@@ -131,3 +131,59 @@ def configure_main(conn: Any) -> None:
         conn.send(results)
     except Exception:
         conn.send(RuntimeError(traceback.format_exc()))
+
+
+def endpoint_peer_main(conn: Any, backends: str = "") -> None:
+    """Listens for one endpoint and, once connected, obeys commands on `conn`.
+
+    Sends the listener's address first. Each command runs against the
+    endpoint and answers its result (or the exception it raised):
+    ("receive", capacity, timeout) -> the message's bytes;
+    ("echo", count, capacity) -> receives `count` messages, sends each back,
+    answers None; ("send", data) -> None; ("notification", timeout) -> the
+    Notification; ("local_buffer", timeout) -> the returned lent memory's
+    bytes; ("read_buffer", timeout) -> receives a handle, reads it, answers
+    its bytes; ("channel",) -> the endpoint's channel; ("exit",) -> None, and
+    returns.
+    """
+    if backends:
+        rdmabuf.configure(backends=backends)
+    listener = rdmabuf.listen("127.0.0.1:0")
+    conn.send(listener.address)
+    ep = listener.accept(timeout=60)
+    while True:
+        cmd = conn.recv()
+        try:
+            answer: Any = None
+            if cmd[0] == "receive":
+                into = bytearray(cmd[1])
+                answer = bytes(into[: ep.receive(into, timeout=cmd[2])])
+            elif cmd[0] == "echo":
+                into = bytearray(cmd[2])
+                for _ in range(cmd[1]):
+                    n = ep.receive(into, timeout=30)
+                    ep.send(memoryview(into)[:n], timeout=30)
+            elif cmd[0] == "send":
+                ep.send(cmd[1], timeout=30)
+            elif cmd[0] == "notification":
+                answer = rdmabuf.next_notification(timeout=cmd[1])
+            elif cmd[0] == "local_buffer":
+                answer = bytes(ep.receive_local_buffer(timeout=cmd[1]))
+            elif cmd[0] == "read_buffer":
+                buf = ep.receive_buffer(timeout=cmd[1])
+                dst = bytearray(buf.size())
+                buf.read_into(dst).get()
+                answer = bytes(dst)
+            elif cmd[0] == "channel":
+                answer = ep.channel
+            elif cmd[0] == "exit":
+                conn.send(None)
+                ep.close()
+                return
+            else:
+                answer = ValueError(f"unknown command {cmd!r}")
+            conn.send(answer)
+        except rdmabuf.Error as e:  # the test checks which
+            conn.send(e)
+        except Exception:  # reported to the test, which fails
+            conn.send(RuntimeError(traceback.format_exc()))
