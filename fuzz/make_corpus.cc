@@ -3,7 +3,8 @@
 // the library's own encoders: handles minted by a real Manager, hellos and
 // ibverbs frames from the senders in common/hello.cc and
 // backends/ibverbs/handshake.cc, tcp requests captured from a real
-// tcp::Peer and the replies a real tcp::ServerConnection gives them.
+// tcp::Peer and the replies a real tcp::ServerConnection gives them, and
+// endpoint frames built as docs/wire-format.md lays them out.
 //
 //   build-fuzz/fuzz/make_corpus fuzz/corpus
 //
@@ -27,6 +28,7 @@
 #include "common/hello.h"
 #include "fuzz/fuzz_support.h"
 #include "rdmabuf/rdmabuf.h"
+#include "tests/helpers/raw_endpoint.h"
 #if RDMABUF_HAVE_IBVERBS
 #include "backends/ibverbs/handshake.h"
 #endif
@@ -257,6 +259,49 @@ void write_config(CorpusWriter& out) {
   out.write("address_v6.txt", "[::1]:40000");
 }
 
+// --- fuzz_endpoint_frames -------------------------------------------------------
+
+// Streams of control frames a peer sends to an endpoint that posted
+// receives 0 (64 B) and 1 (8 KiB), one family of frames each.
+void write_endpoint_frames(CorpusWriter& out) {
+  using testing::raw_frame;
+  using testing::RawFrame;
+  using testing::RawPayload;
+  out.start("fuzz_endpoint_frames");
+  Config tcp_only;
+  tcp_only.backends = {"tcp"};
+  const std::vector<uint8_t> handle = minted(tcp_only, 8192).to_bytes();
+  auto stream = [](std::initializer_list<std::vector<uint8_t>> frames) {
+    std::vector<uint8_t> all;
+    for (const auto& f : frames)
+      all.insert(all.end(), f.begin(), f.end());
+    return all;
+  };
+  const uint8_t hello[] = {'h', 'e', 'l', 'l', 'o'};
+  out.write("inline_answers.bin",
+            stream({raw_frame(RawFrame::kSentInline, RawPayload().u64(0).bytes(hello)),
+                    raw_frame(RawFrame::kSentInline, RawPayload().u64(1))}));
+  out.write("sent_and_too_large.bin",
+            stream({raw_frame(RawFrame::kTooLarge, RawPayload().u64(0).u64(65)),
+                    raw_frame(RawFrame::kSent, RawPayload().u64(1).u64(100))}));
+  out.write("not_taken.bin", raw_frame(RawFrame::kNotTaken, RawPayload().u64(0).u64(0)));
+  out.write("credits_and_withdrawal.bin",
+            stream({raw_frame(RawFrame::kPosted, RawPayload().u64(0).u64(64).blob("")),
+                    raw_frame(RawFrame::kPosted, RawPayload().u64(1).u64(8192).blob(handle)),
+                    raw_frame(RawFrame::kWithdrawn, RawPayload().u64(0).u64(0))}));
+  out.write("lend_and_renew.bin",
+            stream({raw_frame(RawFrame::kLendRequest, RawPayload().u64(1).u64(4096).u64(1000)),
+                    raw_frame(RawFrame::kRenew, RawPayload().u64(2).u64(1).u64(1000))}));
+  out.write("notify.bin", raw_frame(RawFrame::kNotify, RawPayload().u32(7).u64(1).u64(0).u64(8)));
+  out.write("buffer.bin", raw_frame(RawFrame::kBuffer, RawPayload().blob(handle)));
+  out.write("handle_wanted.bin", raw_frame(RawFrame::kHandleWanted, RawPayload().u64(3).u64(1)));
+  out.write(
+      "replies.bin",
+      stream({raw_frame(RawFrame::kLent, RawPayload().u64(0).u8(0).u64(1000).blob(handle)),
+              raw_frame(RawFrame::kRenewed, RawPayload().u64(1).u8(2).u64(0).blob("gone")),
+              raw_frame(RawFrame::kReceiveHandle, RawPayload().u64(2).u8(0).u64(0).blob(handle))}));
+}
+
 }  // namespace
 }  // namespace rdmabuf::fuzz
 
@@ -270,5 +315,6 @@ int main(int argc, char** argv) {
 #endif
   write_tcp_frames(out);
   write_config(out);
+  write_endpoint_frames(out);
   return 0;
 }
