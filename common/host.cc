@@ -1,6 +1,7 @@
 #include "common/host.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -27,6 +28,25 @@ std::string this_host_id() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   return std::string("host:") + name;
+}
+
+std::string read_small_file(const std::string& path, size_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string text(limit, '\0');
+  size_t got = 0;
+  while (got < limit) {
+    const ssize_t n = ::read(fd, text.data() + got, limit - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n < 0) got = 0;  // a read error: nothing trustworthy
+      break;
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  text.resize(got);
+  return text;
 }
 
 uint64_t pid_namespace_id() {

@@ -18,6 +18,12 @@ std::string this_host_id();
 // only when these match.
 uint64_t pid_namespace_id();
 
+// The first `limit` bytes of a small file (a /proc or /sys entry); empty
+// when it cannot be opened or read. Never throws: an entry of another
+// process fails with ESRCH once that process is gone, which a C++ stream
+// reports by throwing.
+std::string read_small_file(const std::string& path, size_t limit = 4096);
+
 // Fills `size` bytes from the kernel's CSPRNG (getrandom). Aborts if the
 // kernel cannot supply randomness: tokens must never be predictable.
 void secure_random(void* out, size_t size);

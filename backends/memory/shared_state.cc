@@ -13,9 +13,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <thread>
 
+#include "common/host.h"
 #include "common/shared_file.h"
 
 namespace rdmabuf::memory {
@@ -235,8 +235,9 @@ bool holder_is_gone(uint64_t holder) {
 bool holder_is_stopped(uint64_t holder) {
   auto pid = holder >> 32;
   auto tid = holder & 0xffffffffu;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // Empty once the thread is gone (then holder_is_gone says so).
+  const std::string text =
+      read_small_file("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat");
   size_t close = text.rfind(')');  // the name may contain spaces and parentheses
   if (close == std::string::npos || close + 2 >= text.size()) return false;
   char state = text[close + 2];

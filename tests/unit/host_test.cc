@@ -1,9 +1,11 @@
 // secure_random: the token source. It draws from getrandom in batches, so
 // what matters is that no two draws repeat, in one process or across a fork.
+// read_small_file: /proc entries, of processes that may be gone.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <set>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -40,6 +42,21 @@ TEST(SecureRandomTest, AForkedChildDoesNotRepeatItsParentsDraws) {
   close(pipe_fds[0]);
   close(pipe_fds[1]);
   EXPECT_NE(parents, childs) << "the child handed out its parent's next random bytes";
+}
+
+TEST(ReadSmallFileTest, ReadsUpToItsLimitAndAnswersEmptyForWhatIsGone) {
+  const std::string mine = "/proc/" + std::to_string(getpid()) + "/stat";
+  EXPECT_EQ(read_small_file(mine).rfind(std::to_string(getpid()) + " (", 0), 0u);
+  EXPECT_EQ(read_small_file(mine, 3).size(), 3u);
+  EXPECT_EQ(read_small_file("/no/such/file"), "");
+  // A process that has exited and been reaped: its entries are gone.
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  EXPECT_EQ(read_small_file("/proc/" + std::to_string(child) + "/task/" + std::to_string(child) +
+                            "/stat"),
+            "");
 }
 
 }  // namespace
