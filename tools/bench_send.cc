@@ -6,9 +6,10 @@
 // the same single backend. Latency is a ping-pong of one message (the
 // receive for the echo posted before the send), reported
 // as half the round trip (as tag_lat reports it): the median and p99 of at
-// least 1000 after warm-up. Bandwidth is messages sent back to back by two
-// threads (the API blocks per message) into the peer's 16 posted receives,
-// repeated --iters times: the median. UCX runs once per size after rdmabuf.
+// least 1000 after warm-up. Bandwidth is messages sent back to back by
+// --senders threads (2; the API blocks per message, so each thread keeps one
+// message in flight) into the peer's 16 posted receives, repeated --iters
+// times: the median. UCX runs once per size after rdmabuf.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -31,26 +32,29 @@ namespace rdmabuf::tool {
 namespace {
 
 constexpr auto kTimeout = std::chrono::seconds(60);
-constexpr int kSenders = 2;
 
 struct SendOptions {
   std::optional<std::string> backend;
   std::vector<uint64_t> latency_sizes = {8, 4096, 65536};
   std::vector<uint64_t> sizes;
   int iters = 10;
+  int senders = 2;  // threads sending at once: messages in flight (send blocks)
   bool compare_peer = true;
   bool json = false;
 };
 
 Result<SendOptions> parse_send_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(
-      Args args, parse_args(argc, argv, 2, {"op", "backend", "sizes", "iters", "peer"}, {"json"}));
+      Args args,
+      parse_args(argc, argv, 2, {"op", "backend", "sizes", "iters", "senders", "peer"}, {"json"}));
   if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
   SendOptions o;
   o.backend = args.get("backend");
   RDMABUF_ASSIGN_OR_RETURN(o.sizes, args.size_list("sizes", "4K,64K,1M,4M"));
   RDMABUF_ASSIGN_OR_RETURN(int64_t iters, args.integer("iters", 10, 1, 100000));
   o.iters = static_cast<int>(iters);
+  RDMABUF_ASSIGN_OR_RETURN(int64_t senders, args.integer("senders", 2, 1, 64));
+  o.senders = static_cast<int>(senders);
   std::string peer = args.get("peer").value_or("auto");
   if (peer != "auto" && peer != "none") return InvalidArgument("--peer must be auto or none");
   o.compare_peer = peer == "auto";
@@ -85,30 +89,30 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
   return half_trips;
 }
 
-// GB/s of `count` messages of `size` bytes sent by kSenders threads at once.
-Result<double> stream(Endpoint& endpoint, uint64_t size, int count) {
+// GB/s of `count` messages of `size` bytes sent by `senders` threads at once.
+Result<double> stream(Endpoint& endpoint, uint64_t size, int count, int senders) {
   std::vector<LocalMemory> messages;
-  for (int t = 0; t < kSenders; ++t) {
+  for (int t = 0; t < senders; ++t) {
     RDMABUF_ASSIGN_OR_RETURN(LocalMemory m, LocalMemory::allocate(size));
     std::memset(m.data(), 'S', size);  // 'S': the peer drops it
     messages.push_back(m);
   }
-  std::vector<Status> failed(kSenders);
+  std::vector<Status> failed(static_cast<size_t>(senders));
   auto start = Clock::now();
-  std::vector<std::thread> senders;
-  for (int t = 0; t < kSenders; ++t) {
-    senders.emplace_back([&, t] {
-      for (int i = t; i < count; i += kSenders) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < senders; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < count; i += senders) {
         Status st = endpoint.send(messages[t], kTimeout);
         if (!st.ok()) {
-          failed[t] = st;
+          failed[static_cast<size_t>(t)] = st;
           return;
         }
       }
     });
   }
-  for (std::thread& s : senders)
-    s.join();
+  for (std::thread& t : threads)
+    t.join();
   const double us = micros_since(start);
   for (const Status& st : failed)
     RDMABUF_RETURN_IF_ERROR(st);
@@ -194,7 +198,7 @@ int cmd_bench_send(int argc, char** argv) {
     const int count = static_cast<int>(std::clamp<uint64_t>((256u << 20) / size, 64, 20000));
     std::vector<double> gbps;
     for (int r = 0; r < o.iters + 1; ++r) {
-      auto g = stream(endpoint, size, count);
+      auto g = stream(endpoint, size, count, o.senders);
       if (!g.ok()) return fail(g.status());
       if (r > 0) gbps.push_back(*g);  // the first is the warm-up
     }
@@ -246,9 +250,9 @@ int cmd_bench_send(int argc, char** argv) {
   }
   std::printf(
       "\nlatency: one message, half its ping-pong round trip (as tag_lat reports), p50 and p99;\n"
-      "bandwidth: messages sent back to back by %d threads, median of %d runs;\n"
+      "bandwidth: messages sent back to back, %d at once (a thread each), median of %d runs;\n"
       "x: how many times faster rdmabuf is (above 1: faster). GB/s = 1e9 bytes/s.\n",
-      kSenders, o.iters);
+      o.senders, o.iters);
   if (!run_ucx && o.compare_peer) {
     std::printf("(ucx_perftest %s: install ucx-utils to see UCX beside rdmabuf)\n",
                 ucx_tls.empty() ? "has no transport like this one" : "not found");
