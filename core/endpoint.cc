@@ -152,21 +152,23 @@ Status read_frame(int fd, Deadline deadline, int stop_fd, Frame& type,
 
 // Sends one frame before `deadline` (the handshake, before the endpoint's
 // threads exist).
-Status send_frame(int fd, FrameBuilder& frame, Deadline deadline) {
+Status send_frame(int fd, FrameBuilder& frame, Deadline deadline, int stop_fd = -1) {
   auto bytes = frame.done();
-  return send_exact(fd, bytes.data(), bytes.size(), deadline);
+  return send_exact(fd, bytes.data(), bytes.size(), deadline, stop_fd);
 }
 
 // Both sides send a hello and check the other's: the peer's manager id.
-Result<uint64_t> greet(int fd, uint64_t manager_id, Deadline deadline) {
+// kCancelled when `stop_fd` (-1: none) fires meanwhile, as in the rest of
+// the handshake.
+Result<uint64_t> greet(int fd, uint64_t manager_id, Deadline deadline, int stop_fd = -1) {
   FrameBuilder hello(Frame::kHello);
   hello.fields().put<uint32_t>(kMagic);
   hello.fields().put<uint16_t>(kVersion);
   hello.u64(manager_id);
-  RDMABUF_RETURN_IF_ERROR(send_frame(fd, hello, deadline));
+  RDMABUF_RETURN_IF_ERROR(send_frame(fd, hello, deadline, stop_fd));
   Frame type{};
   std::vector<uint8_t> payload;
-  RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, -1, type, payload));
+  RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, stop_fd, type, payload));
   WireReader r(payload);
   uint32_t magic = r.get<uint32_t>();
   uint16_t version = r.get<uint16_t>();
@@ -245,10 +247,10 @@ Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
 
 // The accepting side: opens the rings the peer offered, when it offered
 // some and this manager may use them, and says whether it did.
-Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline) {
+Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int stop_fd) {
   Frame type{};
   std::vector<uint8_t> payload;
-  RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, -1, type, payload));
+  RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, stop_fd, type, payload));
   WireReader r(payload);
   const uint8_t offered = r.get<uint8_t>();
   ShmChannel::Offer offer;
@@ -281,7 +283,7 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline) {
   FrameBuilder answer(Frame::kChannelAnswer);
   answer.fields().put<uint8_t>(channel.shm ? 1 : 0);
   answer.blob(usable.ok() ? std::span<const uint8_t>() : text_bytes(usable.message()));
-  RDMABUF_RETURN_IF_ERROR(send_frame(fd, answer, deadline));
+  RDMABUF_RETURN_IF_ERROR(send_frame(fd, answer, deadline, stop_fd));
   return channel;
 }
 
@@ -675,12 +677,17 @@ class EndpointImpl {
   }
 
   // Writes the bytes of `pieces` (whole frames) into the control channel
-  // (write_mu_ held): the TCP connection (one piece), or the shared ring and
-  // then a doorbell when the peer's reader asked for one.
+  // (write_mu_ held): the TCP connection (callers merge them into one piece
+  // there, one send), or the shared ring and then a doorbell when the peer's
+  // reader asked for one.
   Status transmit(std::span<const std::span<const uint8_t>> pieces) {
     const Deadline deadline = Clock::now() + kFrameWriteLimit;
     if (!shm_) {
-      return send_exact(fd_.get(), pieces[0].data(), pieces[0].size(), deadline, stop_.get());
+      for (const auto& piece : pieces) {
+        RDMABUF_RETURN_IF_ERROR(
+            send_exact(fd_.get(), piece.data(), piece.size(), deadline, stop_.get()));
+      }
+      return Status::Ok();
     }
     size_t size = 0;
     for (const auto& piece : pieces)
@@ -1269,9 +1276,18 @@ class EndpointImpl {
       return refuse(handle.status());
     }
     lease = std::min(lease, manager_.config().max_lease);
+    Status broken;
     {
       std::lock_guard lock(mu_);
-      lent_[handle->id()] = Lent{*memory, *handle, Clock::now() + lease};
+      // Once broken, the lease keeper has reclaimed every loan and stopped:
+      // a loan added now would never be reclaimed.
+      broken = broken_;
+      if (broken.ok()) lent_[handle->id()] = Lent{*memory, *handle, Clock::now() + lease};
+    }
+    if (!broken.ok()) {
+      manager_.release(*handle).ignore();
+      budget.give_back(size);
+      return broken;
     }
     leases_cv_.notify_all();  // the lease keeper learns the new expiry
     return reply(Frame::kLent, id, Status::Ok(), static_cast<uint64_t>(lease.count()),
@@ -1541,10 +1557,20 @@ struct EndpointListener::State {
   Manager& manager;
   Fd fd;
   HostPort address;
+  Fd stop;  // an eventfd, readable once closed
+  std::atomic<bool> closed{false};
 };
 
 EndpointListener::EndpointListener(std::unique_ptr<State> state) : state_(std::move(state)) {}
 EndpointListener::~EndpointListener() = default;
+
+void EndpointListener::close() {
+  if (state_->closed.exchange(true)) return;
+  // The socket stops listening (connects are refused from now on) but stays
+  // open until destruction, so a concurrent accept never polls a reused fd.
+  ::shutdown(state_->fd.get(), SHUT_RDWR);
+  signal_eventfd(state_->stop.get());
+}
 
 std::string EndpointListener::address() const {
   return state_->address.to_string();
@@ -1552,21 +1578,30 @@ std::string EndpointListener::address() const {
 
 Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::milliseconds timeout) {
   const Deadline deadline = deadline_after(timeout);
+  const Status closed = Cancelled("the listener was closed");
   while (true) {
-    RDMABUF_RETURN_IF_ERROR(wait_fd(state_->fd.get(), POLLIN, deadline));
+    if (state_->closed.load()) return closed;
+    Status ready = wait_fd(state_->fd.get(), POLLIN, deadline, state_->stop.get());
+    if (ready.code() == StatusCode::kCancelled) return closed;
+    RDMABUF_RETURN_IF_ERROR(ready);
     Fd fd(::accept4(state_->fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (state_->closed.load()) return closed;
     if (!fd.valid()) {
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       return Unavailable("accept: " + errno_text(errno));
     }
     tune_data_socket(fd.get());  // no Nagle: frames are small and each is awaited
-    RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id,
-                             greet(fd.get(), state_->manager.identity().manager_id, deadline));
-    RDMABUF_ASSIGN_OR_RETURN(Channel channel, answer_channel(fd.get(), state_->manager, deadline));
+    const int stop = state_->stop.get();
+    auto peer_id = greet(fd.get(), state_->manager.identity().manager_id, deadline, stop);
+    auto channel = peer_id.ok() ? answer_channel(fd.get(), state_->manager, deadline, stop)
+                                : Result<Channel>(peer_id.status());
+    if (!channel.ok()) {
+      return channel.status().code() == StatusCode::kCancelled ? closed : channel.status();
+    }
     auto peer = peer_address(fd.get());
     RDMABUF_ASSIGN_OR_RETURN(
-        auto impl, EndpointImpl::create(state_->manager, std::move(fd), std::move(channel),
-                                        peer.ok() ? peer->to_string() : "?", peer_id));
+        auto impl, EndpointImpl::create(state_->manager, std::move(fd), std::move(*channel),
+                                        peer.ok() ? peer->to_string() : "?", *peer_id));
     return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
   }
 }
@@ -1577,9 +1612,10 @@ Result<std::unique_ptr<EndpointListener>> Manager::listen(const std::string& add
   RDMABUF_ASSIGN_OR_RETURN(HostPort where, parse_host_port(address));
   RDMABUF_ASSIGN_OR_RETURN(Fd fd, listen_tcp(where, 64));
   RDMABUF_ASSIGN_OR_RETURN(HostPort bound, local_address(fd.get()));
+  RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
   return std::unique_ptr<EndpointListener>(
-      new EndpointListener(std::make_unique<EndpointListener::State>(
-          EndpointListener::State{*this, std::move(fd), std::move(bound)})));
+      new EndpointListener(std::unique_ptr<EndpointListener::State>(
+          new EndpointListener::State{*this, std::move(fd), std::move(bound), std::move(stop)})));
 }
 
 Result<std::unique_ptr<Endpoint>> Manager::connect(const std::string& address,

@@ -13,8 +13,7 @@
 // than its buffer or with one of the errors a peer can cause (ProtocolError,
 // Unavailable, InvalidArgument for a message too large, DeadlineExceeded for
 // one not taken); and once the endpoint is closed the manager holds no
-// registration (lent memory and registered receives are all released) and
-// lends nothing.
+// registration (lent memory and registered receives are all released).
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

@@ -199,6 +199,11 @@ class EndpointListener {
   // "HOST:PORT" to give to Manager::connect (the port chosen when 0).
   std::string address() const;
 
+  // Stops listening: later connects are refused, and accept() (one waiting
+  // in another thread too) returns kCancelled. Thread-safe, idempotent.
+  // Endpoints already accepted are not affected.
+  void close();
+
  private:
   friend class Manager;
   struct State;

@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <future>
+#include <optional>
 
+#include "common/socket.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
@@ -179,6 +181,39 @@ INSTANTIATE_TEST_SUITE_P(Channels, EndpointTest, ::testing::Values("tcp", "shm")
                          [](const ::testing::TestParamInfo<std::string>& channel) {
                            return channel.param;
                          });
+
+// --- The listener ----------------------------------------------------------------
+
+// close() from another thread wakes an accept that waits for a connection,
+// or for the greeting of one that connected and says nothing; afterwards
+// connects are refused and accept fails at once.
+TEST(EndpointListenerTest, CloseWakesAWaitingAcceptAndRefusesLaterConnects) {
+  auto manager = make_manager();
+  ASSERT_TRUE(manager);
+  for (bool silent_client : {false, true}) {
+    SCOPED_TRACE(silent_client ? "accept waits for a greeting" : "accept waits for a connection");
+    auto listener = manager->listen("127.0.0.1:0");
+    ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+    auto where = parse_host_port((*listener)->address());
+    ASSERT_TRUE(where.ok());
+    std::optional<Fd> silent;
+    if (silent_client) {
+      auto fd = connect_tcp(*where, Clock::now() + kTimeout);
+      ASSERT_TRUE(fd.ok()) << fd.status().to_string();
+      silent = std::move(fd).value();
+    }
+    const auto start = Clock::now();
+    auto accepting = std::async(std::launch::async, [&] { return (*listener)->accept(60s); });
+    EXPECT_EQ(accepting.wait_for(200ms), std::future_status::timeout) << "accept did not wait";
+    (*listener)->close();
+    ASSERT_EQ(accepting.wait_for(5s), std::future_status::ready) << "close did not wake accept";
+    EXPECT_EQ(accepting.get().status().code(), StatusCode::kCancelled);
+    EXPECT_LT(Clock::now() - start, 5s);
+    EXPECT_FALSE(connect_tcp(*where, Clock::now() + 2s).ok()) << "a closed listener took a connect";
+    EXPECT_EQ((*listener)->accept(1s).status().code(), StatusCode::kCancelled);
+    (*listener)->close();  // idempotent
+  }
+}
 
 }  // namespace
 }  // namespace rdmabuf::testing

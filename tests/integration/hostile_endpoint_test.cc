@@ -4,7 +4,8 @@
 // close with kProtocolError and a message that names the fault, fail the
 // call that waits, write nothing into the waiting receive's memory that the
 // peer did not legitimately send, and leave its manager serving: a fresh
-// endpoint works afterwards, and no registration is left behind. A request
+// endpoint works afterwards, and no registration is left behind (a large
+// receive registered when posted is released; so is memory lent). A request
 // the real side can refuse (an absurd loan) is refused, and the endpoint
 // goes on.
 #include <future>
@@ -15,7 +16,8 @@
 namespace rdmabuf::testing {
 namespace {
 
-constexpr size_t kReceiveBytes = 64;
+constexpr size_t kReceiveBytes = 64;              // only inline messages fit: never registered
+constexpr size_t kRegisteredReceiveBytes = 8192;  // registered when posted on a fresh endpoint
 constexpr auto kFrameWait = std::chrono::seconds(10);
 
 class HostileEndpointTest : public ::testing::Test {
@@ -72,6 +74,13 @@ class HostileEndpointTest : public ::testing::Test {
     std::optional<RawEndpointPeer> raw;
     auto endpoint = connect(raw);
     ASSERT_TRUE(endpoint);
+    // A receive too large for an inline message, posted first: its memory
+    // is registered when posted, and must be released when the endpoint
+    // is cut off.
+    std::optional<PendingReceive> large_pending;
+    ASSERT_TRUE(post(*endpoint, *raw, allocate(kRegisteredReceiveBytes), large_pending));
+    ASSERT_GT(manager_->registered_count(), baseline_registered_)
+        << "the large receive was not registered when posted";
     LocalMemory into = allocate(kReceiveBytes);
     std::memset(into.data(), 0xCD, into.size());
     std::optional<PendingReceive> pending;
@@ -86,10 +95,13 @@ class HostileEndpointTest : public ::testing::Test {
     for (size_t i = 0; i < into.size(); ++i) {
       ASSERT_EQ(into.data()[i], std::byte{0xCD}) << "byte " << i << " of the receive changed";
     }
+    EXPECT_EQ(large_pending->wait(kTimeout).status().code(), StatusCode::kProtocolError);
     EXPECT_TRUE(raw->closed_by_peer(kFrameWait)) << "the real side kept the connection";
     // Every later call says why the endpoint ended.
     EXPECT_EQ(endpoint->send(into, 1s).code(), StatusCode::kProtocolError);
     endpoint.reset();
+    EXPECT_EQ(manager_->registered_count(), baseline_registered_)
+        << "the cut-off endpoint left a registration behind";
     expect_manager_still_serves();
   }
 
@@ -284,6 +296,35 @@ TEST_F(HostileEndpointTest, APeerThatStopsMidFrameEndsTheEndpointWithUnavailable
   EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().to_string();
   endpoint.reset();
   expect_manager_still_serves();
+}
+
+// Loans the peer asks for while the endpoint closes: each is answered
+// before the close or refused, and none stays registered (a loan made after
+// the lease keeper stopped would never be reclaimed). The race is timing
+// dependent, so it is run several times.
+TEST_F(HostileEndpointTest, LoansAskedForAsTheEndpointClosesAreAllReclaimed) {
+  constexpr int kRounds = 20;
+  constexpr uint64_t kLoans = 64;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::optional<RawEndpointPeer> raw;
+    auto endpoint = connect(raw);
+    ASSERT_TRUE(endpoint);
+    std::vector<uint8_t> requests;
+    for (uint64_t id = 1; id <= kLoans; ++id) {
+      auto frame = raw_frame(RawFrame::kLendRequest, RawPayload().u64(id).u64(4096).u64(60'000));
+      requests.insert(requests.end(), frame.begin(), frame.end());
+    }
+    ASSERT_TRUE(raw->send(requests));
+    RawFrame type{};
+    std::vector<uint8_t> reply;
+    ASSERT_TRUE(raw->read_frame(type, reply, kFrameWait)) << "no answer to the first loan";
+    ASSERT_EQ(type, RawFrame::kLent);
+    endpoint->close();  // while the endpoint's thread answers the others
+    endpoint.reset();
+    ASSERT_EQ(manager_->registered_count(), baseline_registered_)
+        << "memory lent as the endpoint closed stayed registered";
+  }
 }
 
 }  // namespace
