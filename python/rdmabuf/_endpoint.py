@@ -159,11 +159,13 @@ class Listener:
 
     def accept(self, *, timeout: Optional[float] = None) -> Endpoint:
         """The next peer that connected. DeadlineExceededError when none came in
-        time; ProtocolError for a peer that is not an rdmabuf endpoint."""
+        time; ProtocolError for a peer that is not an rdmabuf endpoint;
+        CancelledError once the listener is closed (from another thread too)."""
         return Endpoint(self._listener.accept(timeout))
 
     def close(self) -> None:
-        """Stops listening. Idempotent; endpoints accepted already go on."""
+        """Stops listening: later connects are refused and a waiting accept()
+        raises CancelledError. Idempotent; endpoints accepted already go on."""
         self._listener.close()
 
     def __enter__(self) -> "Listener":

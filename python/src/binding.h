@@ -49,6 +49,10 @@ void set_error_types(const py::dict& types);
 void install_fork_handler();
 uint64_t fork_generation();
 
+// Whether Python is shutting down: the GIL must not be released then (a
+// thread that takes it back is stopped for good).
+bool interpreter_finalizing();
+
 // --- Local memory from Python objects ---------------------------------------
 
 // A Python object's memory as a LocalMemory, and what keeps it valid: a

@@ -66,6 +66,10 @@ class PyEndpoint {
       (void)endpoint_.release();  // its threads are in the parent: leak it
       return;
     }
+    if (interpreter_finalizing()) {
+      endpoint_.reset();
+      return;
+    }
     py::gil_scoped_release nogil;  // closing joins the endpoint's threads
     endpoint_.reset();
   }
@@ -136,8 +140,9 @@ class PyEndpoint {
     return released([&] { return e.receive_local_buffer(ms); });
   }
 
-  std::string peer() { return get().peer(); }
-  std::string channel() { return get().channel(); }
+  // Fixed at connection: readable whatever happened since (a repr never fails).
+  std::string peer() const { return endpoint_->peer(); }
+  std::string channel() const { return endpoint_->channel(); }
 
   void close() {
     if (generation_ != fork_generation() || !endpoint_) return;
@@ -165,6 +170,9 @@ class PyEndpoint {
   uint64_t generation_;
 };
 
+// A listener. close() may come from another thread while one waits in
+// accept() (without the GIL): the waiting call holds its own reference, so
+// the listener is destroyed only once both are done with it.
 class PyListener {
  public:
   PyListener(py::object manager, std::unique_ptr<EndpointListener> listener)
@@ -175,19 +183,24 @@ class PyListener {
   std::unique_ptr<PyEndpoint> accept(std::optional<double> timeout) {
     auto& pm = manager_.cast<PyManager&>();
     pm.get();
-    if (!listener_) raise_code(StatusCode::kFailedPrecondition, "the listener is closed");
     const auto ms = pm.timeout_ms(timeout);
-    return std::make_unique<PyEndpoint>(manager_, released([&] { return listener_->accept(ms); }));
+    std::shared_ptr<EndpointListener> listener = listener_;
+    if (!listener) raise_code(StatusCode::kCancelled, "the listener was closed");
+    return std::make_unique<PyEndpoint>(manager_, released([&] { return listener->accept(ms); }));
   }
 
   const std::string& address() const { return address_; }
 
-  // Stops listening: later connects are refused. Idempotent.
-  void close() { listener_.reset(); }
+  // Stops listening and wakes a waiting accept(). Idempotent.
+  void close() {
+    std::shared_ptr<EndpointListener> listener = std::move(listener_);
+    if (!listener) return;
+    listener->close();  // never blocks
+  }
 
  private:
   py::object manager_;
-  std::unique_ptr<EndpointListener> listener_;
+  std::shared_ptr<EndpointListener> listener_;  // null once closed
   std::string address_;
 };
 

@@ -15,14 +15,6 @@ constexpr uint64_t kReleaseGilBytes = 256 * 1024;
 // How often a blocked wait wakes up to run signal handlers (Ctrl-C).
 constexpr auto kSignalCheckInterval = std::chrono::milliseconds(100);
 
-bool interpreter_finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
-}
-
 std::chrono::milliseconds seconds_to_ms(double seconds) {
   if (std::isnan(seconds) || seconds < 0) {
     raise_code(
@@ -38,6 +30,14 @@ std::chrono::milliseconds seconds_to_ms(double seconds) {
 }
 
 }  // namespace
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
 
 // --- PyManager ----------------------------------------------------------------
 

@@ -4,6 +4,7 @@ peer. Each runs over the shared-memory channel and over plain tcp."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Iterator
 
@@ -151,10 +152,12 @@ def test_lent_memory_takes_a_tagged_write_and_comes_back_with_it(peer: Peer) -> 
 
 
 def test_a_lease_that_ends_refuses_access_unless_renewed(peer: Peer) -> None:
-    kept = peer.ep.request_remote_buffer(64, 0.3)
+    # `kept` is renewed well within its first lease (so a slow machine does
+    # not fail the test) and used after that lease would have ended.
+    kept = peer.ep.request_remote_buffer(64, 2.0)
     ended = peer.ep.request_remote_buffer(64, 0.3)
-    assert peer.ep.renew(kept.buffer, 30) > 1
-    time.sleep(1.0)
+    assert peer.ep.renew(kept.buffer, 30) > 2
+    time.sleep(2.5)
     kept.buffer.write_from(b"still mine", timeout=10).get()
     with pytest.raises(rdmabuf.NotFoundError):
         ended.buffer.write_from(b"too late", timeout=10).get()
@@ -197,3 +200,44 @@ def test_connect_to_nothing_and_accept_with_nobody_fail_cleanly() -> None:
         rdmabuf.connect(address, timeout=5)
     with pytest.raises(rdmabuf.InvalidArgumentError):
         rdmabuf.connect("no port here", timeout=5)
+
+
+def test_closing_a_listener_wakes_an_accept_in_another_thread() -> None:
+    listener = rdmabuf.listen()
+    raised: list[BaseException] = []
+
+    def accept() -> None:
+        try:
+            listener.accept(timeout=60)
+        except BaseException as e:  # noqa: B036 (handed to the test thread)
+            raised.append(e)
+
+    waiting = threading.Thread(target=accept)
+    waiting.start()
+    time.sleep(0.2)
+    listener.close()
+    waiting.join(10)
+    assert not waiting.is_alive(), "close() did not wake accept()"
+    assert len(raised) == 1 and isinstance(raised[0], rdmabuf.CancelledError), raised
+    with pytest.raises(rdmabuf.CancelledError):
+        listener.accept(timeout=1)
+    with pytest.raises(rdmabuf.UnavailableError):
+        rdmabuf.connect(listener.address, timeout=5)
+    listener.close()  # idempotent
+
+
+def test_an_endpoint_still_describes_itself_after_shutdown() -> None:
+    with rdmabuf.listen() as listener:
+        connected: list[rdmabuf.Endpoint] = []
+        connecting = threading.Thread(
+            target=lambda: connected.append(rdmabuf.connect(listener.address, timeout=30))
+        )
+        connecting.start()
+        accepted = listener.accept(timeout=30)
+        connecting.join(30)
+    rdmabuf.shutdown()
+    assert "peer=" in repr(accepted) and "peer=" in repr(connected[0])
+    with pytest.raises(rdmabuf.FailedPreconditionError):
+        accepted.send(b"x", timeout=1)
+    accepted.close()
+    connected[0].close()
