@@ -66,6 +66,10 @@ constexpr size_t kMaxQueuedBuffers = 4096;
 constexpr auto kWithdrawGrace = std::chrono::seconds(5);
 // A peer that does not read its control frames for this long is dropped.
 constexpr auto kFrameWriteLimit = std::chrono::seconds(10);
+// How long a connection accept() took may take over its handshake (the
+// hellos and the channel offer), so that a silent client cannot hold
+// accept() for the caller's whole timeout.
+constexpr auto kHandshakeLimit = std::chrono::seconds(5);
 // Bytes read from the control connection at once: many small frames.
 constexpr size_t kInCapacity = 64 * 1024;
 static_assert(kInCapacity >= kHeaderSize + kMaxPayload, "a whole frame fits");
@@ -1592,11 +1596,18 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
     }
     tune_data_socket(fd.get());  // no Nagle: frames are small and each is awaited
     const int stop = state_->stop.get();
-    auto peer_id = greet(fd.get(), state_->manager.identity().manager_id, deadline, stop);
-    auto channel = peer_id.ok() ? answer_channel(fd.get(), state_->manager, deadline, stop)
+    const Deadline handshake = std::min(deadline, Clock::now() + kHandshakeLimit);
+    auto peer_id = greet(fd.get(), state_->manager.identity().manager_id, handshake, stop);
+    auto channel = peer_id.ok() ? answer_channel(fd.get(), state_->manager, handshake, stop)
                                 : Result<Channel>(peer_id.status());
     if (!channel.ok()) {
-      return channel.status().code() == StatusCode::kCancelled ? closed : channel.status();
+      const StatusCode code = channel.status().code();
+      if (code == StatusCode::kCancelled) return closed;
+      if (code == StatusCode::kDeadlineExceeded && handshake < deadline) {
+        return ProtocolError("a peer connected but did not complete the endpoint handshake in " +
+                             std::to_string(kHandshakeLimit.count()) + " s (it is dropped)");
+      }
+      return channel.status();
     }
     auto peer = peer_address(fd.get());
     RDMABUF_ASSIGN_OR_RETURN(

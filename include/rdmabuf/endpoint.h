@@ -192,8 +192,9 @@ class EndpointListener {
 
   // The next endpoint a peer connected (Manager::connect), once its
   // greeting checked out. kDeadlineExceeded when none came in time;
-  // kProtocolError for a peer that is not an rdmabuf endpoint (it is
-  // dropped; call again for the next).
+  // kProtocolError for a peer that is not an rdmabuf endpoint, or that did
+  // not finish the handshake within 5 s (it is dropped; call again for the
+  // next); kCancelled once close() was called.
   Result<std::unique_ptr<Endpoint>> accept(std::chrono::milliseconds timeout);
 
   // "HOST:PORT" to give to Manager::connect (the port chosen when 0).

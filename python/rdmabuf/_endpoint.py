@@ -159,7 +159,8 @@ class Listener:
 
     def accept(self, *, timeout: Optional[float] = None) -> Endpoint:
         """The next peer that connected. DeadlineExceededError when none came in
-        time; ProtocolError for a peer that is not an rdmabuf endpoint;
+        time; ProtocolError for a peer that is not an rdmabuf endpoint or
+        did not finish the handshake within 5 s (dropped: call again);
         CancelledError once the listener is closed (from another thread too)."""
         return Endpoint(self._listener.accept(timeout))
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <future>
 #include <optional>
 
@@ -213,6 +214,43 @@ TEST(EndpointListenerTest, CloseWakesAWaitingAcceptAndRefusesLaterConnects) {
     EXPECT_EQ((*listener)->accept(1s).status().code(), StatusCode::kCancelled);
     (*listener)->close();  // idempotent
   }
+}
+
+// A client that connects and says nothing holds accept() for the handshake
+// limit (5 s), not for the caller's whole timeout; the next accept() takes
+// the well-behaved peer that connected behind it.
+TEST(EndpointListenerTest, ASilentClientIsDroppedAndThePeerBehindItAccepted) {
+  auto manager = make_manager();
+  auto other = make_manager();
+  ASSERT_TRUE(manager && other);
+  auto listener = manager->listen("127.0.0.1:0");
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  auto where = parse_host_port((*listener)->address());
+  ASSERT_TRUE(where.ok());
+  auto silent = connect_tcp(*where, Clock::now() + kTimeout);
+  ASSERT_TRUE(silent.ok()) << silent.status().to_string();
+  auto connecting =
+      std::async(std::launch::async, [&] { return other->connect((*listener)->address(), 60s); });
+  const auto start = Clock::now();
+  auto first = (*listener)->accept(60s);
+  EXPECT_EQ(first.status().code(), StatusCode::kProtocolError) << first.status().to_string();
+  EXPECT_NE(first.status().message().find("handshake"), std::string::npos)
+      << first.status().to_string();
+  EXPECT_LT(Clock::now() - start, 15s);
+  auto second = (*listener)->accept(kTimeout);
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  auto connected = connecting.get();
+  ASSERT_TRUE(connected.ok()) << connected.status().to_string();
+  // And the two talk.
+  LocalMemory message = with_pattern(8, 3);
+  auto sending =
+      std::async(std::launch::async, [&] { return (*connected)->send(message, kTimeout); });
+  LocalMemory into = allocate(8);
+  auto got = (*second)->receive(into, kTimeout);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(*got, 8u);
+  EXPECT_EQ(std::memcmp(into.data(), message.data(), 8), 0);
+  EXPECT_TRUE(sending.get().ok());
 }
 
 }  // namespace
