@@ -829,7 +829,10 @@ class EndpointImpl {
         lock.unlock();
         lead(deadline, ready);
         lock.lock();
-      } else if (now < spin_until) {
+      } else if (may_lead() || now < spin_until) {
+        // Spinning; or the role is marked free while its holder is still
+        // giving it back (unlocking read_mu_ needs no mu_): let it, rather
+        // than wait on cv_, which would return at once, mu_ still held.
         lock.unlock();
         std::this_thread::yield();
         lock.lock();
@@ -869,6 +872,16 @@ class EndpointImpl {
     last_lead_end_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     give_back_role();
     if (!st.ok()) fail_reading(st);
+  }
+
+  // The endpoint's thread takes the reader role if it is free. Under mu_,
+  // as await() does: reading_ says the truth whenever mu_ is free, so a
+  // caller never waits for a role that is held but not marked.
+  bool take_role() {
+    std::lock_guard lock(mu_);
+    if (reading_ || !read_mu_.try_lock()) return false;
+    reading_ = true;
+    return true;
   }
 
   void give_back_role() {
@@ -1048,12 +1061,8 @@ class EndpointImpl {
       }
       if (stopping()) break;
       timeout_ms = kLingerMs;
-      if (led_lately() || !read_mu_.try_lock()) continue;  // callers read: look again later
+      if (led_lately() || !take_role()) continue;  // callers read: look again later
       timeout_ms = -1;
-      {
-        std::lock_guard lock(mu_);
-        reading_ = true;
-      }
       Status st;
       if (shm_) take_doorbells();
       while (true) {
