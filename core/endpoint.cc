@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "common/socket.h"
 #include "common/wire.h"
 #include "core/notifications.h"
@@ -1324,6 +1325,12 @@ class EndpointImpl {
       std::lock_guard lock(mu_);
       Receive* receive = open_receive();
       if (receive == nullptr) return refuse(gone);
+      if (receive->into.size() <= kInlineLimit) {
+        // Only an inline message fits it: a peer that follows the protocol
+        // never asks, and its memory is never registered.
+        return ProtocolError("the peer asked for the handle of receive " + std::to_string(seq) +
+                             ", which only an inline message fits");
+      }
       into = receive->into;
       handle = receive->handle;
     }
@@ -1609,16 +1616,25 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
     auto peer_id = greet(fd.get(), state_->manager.identity().manager_id, handshake, stop);
     auto channel = peer_id.ok() ? answer_channel(fd.get(), state_->manager, handshake, stop)
                                 : Result<Channel>(peer_id.status());
+    auto peer = peer_address(fd.get());
     if (!channel.ok()) {
       const StatusCode code = channel.status().code();
       if (code == StatusCode::kCancelled) return closed;
-      if (code == StatusCode::kDeadlineExceeded && handshake < deadline) {
-        return ProtocolError("a peer connected but did not complete the endpoint handshake in " +
-                             std::to_string(kHandshakeLimit.count()) + " s (it is dropped)");
+      if (code == StatusCode::kDeadlineExceeded && handshake == deadline) {
+        return DeadlineExceeded("no peer completed the endpoint handshake in time");
       }
-      return channel.status();
+      // That connection, not the listener, failed (it vanished, spoke
+      // something else, or said nothing for kHandshakeLimit): drop it and
+      // wait for the next.
+      const std::string why = code == StatusCode::kDeadlineExceeded
+                                  ? "it did not complete the handshake in " +
+                                        std::to_string(kHandshakeLimit.count()) + " s"
+                                  : "its handshake failed: " + channel.status().to_string();
+      RDMABUF_LOG_WARN(
+          "endpoint listener " + state_->address.to_string() + ": dropped a connection from " +
+          (peer.ok() ? peer->to_string() : std::string("a peer already gone")) + "; " + why);
+      continue;
     }
-    auto peer = peer_address(fd.get());
     RDMABUF_ASSIGN_OR_RETURN(
         auto impl, EndpointImpl::create(state_->manager, std::move(fd), std::move(*channel),
                                         peer.ok() ? peer->to_string() : "?", *peer_id));

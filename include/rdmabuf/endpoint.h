@@ -191,10 +191,11 @@ class EndpointListener {
   EndpointListener& operator=(const EndpointListener&) = delete;
 
   // The next endpoint a peer connected (Manager::connect), once its
-  // greeting checked out. kDeadlineExceeded when none came in time;
-  // kProtocolError for a peer that is not an rdmabuf endpoint, or that did
-  // not finish the handshake within 5 s (it is dropped; call again for the
-  // next); kCancelled once close() was called.
+  // greeting checked out. A connection that fails the handshake (not an
+  // rdmabuf endpoint, gone midway, or silent for 5 s) is dropped with a
+  // warning in the log, and accept goes on waiting: its errors are about
+  // the listener, never one peer. kDeadlineExceeded when no peer completed
+  // the handshake in time; kCancelled once close() was called.
   Result<std::unique_ptr<Endpoint>> accept(std::chrono::milliseconds timeout);
 
   // "HOST:PORT" to give to Manager::connect (the port chosen when 0).

@@ -158,10 +158,11 @@ class Listener:
         return str(self._listener.address)
 
     def accept(self, *, timeout: Optional[float] = None) -> Endpoint:
-        """The next peer that connected. DeadlineExceededError when none came in
-        time; ProtocolError for a peer that is not an rdmabuf endpoint or
-        did not finish the handshake within 5 s (dropped: call again);
-        CancelledError once the listener is closed (from another thread too)."""
+        """The next peer that connected and completed the handshake. A
+        connection that is not an rdmabuf endpoint, goes away midway, or says
+        nothing for 5 s is dropped (a warning in the log) and accept waits on.
+        DeadlineExceededError when no peer came in time; CancelledError once
+        the listener is closed (from another thread too)."""
         return Endpoint(self._listener.accept(timeout))
 
     def close(self) -> None:

@@ -165,6 +165,16 @@ TEST_F(HostileEndpointTest, AnAnswerForAReceiveNobodyPostedClosesTheEndpoint) {
       "which is not waiting");
 }
 
+// A receive only inline messages fit is never registered, whatever the
+// peer asks.
+TEST_F(HostileEndpointTest, AskingForTheHandleOfASmallReceiveClosesTheEndpoint) {
+  expect_cut_off(
+      [](uint64_t seq) {
+        return raw_frame(RawFrame::kHandleWanted, RawPayload().u64(/*request id=*/1).u64(seq));
+      },
+      "which only an inline message fits");
+}
+
 TEST_F(HostileEndpointTest, AnInlineMessageLargerThanTheReceiveClosesTheEndpoint) {
   expect_cut_off(
       [](uint64_t seq) {
