@@ -831,9 +831,9 @@ class EndpointImpl {
         lead(deadline, ready);
         lock.lock();
       } else if (may_lead() || now < spin_until) {
-        // Spinning; or the role is marked free while its holder is still
-        // giving it back (unlocking read_mu_ needs no mu_): let it, rather
-        // than wait on cv_, which would return at once, mu_ still held.
+        // Spinning; or the role is free but try_lock failed anyway (it may,
+        // spuriously): try again after letting go of mu_, never by waiting
+        // on cv_, which would return at once with mu_ still held.
         lock.unlock();
         std::this_thread::yield();
         lock.lock();
@@ -889,8 +889,8 @@ class EndpointImpl {
     {
       std::lock_guard lock(mu_);
       reading_ = false;
+      read_mu_.unlock();
     }
-    read_mu_.unlock();
     cv_.notify_all();  // a follower may lead now
   }
 
@@ -1596,6 +1596,33 @@ std::string EndpointListener::address() const {
   return state_->address.to_string();
 }
 
+namespace {
+
+// accept(2) reports some errors of the one connection it took (Linux passes
+// pending network errors on, and a firewall may refuse it): that connection
+// is gone, the listener is fine.
+bool accept_error_is_the_connections(int error) {
+  switch (error) {
+    case EAGAIN:
+    case EINTR:
+    case ECONNABORTED:
+    case EPROTO:
+    case EPERM:
+    case ENETDOWN:
+    case ENETUNREACH:
+    case ENOPROTOOPT:
+    case EHOSTDOWN:
+    case EHOSTUNREACH:
+    case ENONET:
+    case EOPNOTSUPP:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::milliseconds timeout) {
   const Deadline deadline = deadline_after(timeout);
   const Status closed = Cancelled("the listener was closed");
@@ -1607,27 +1634,35 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
     Fd fd(::accept4(state_->fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (state_->closed.load()) return closed;
     if (!fd.valid()) {
-      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        // The connection stays queued; this process may have fds again soon.
+        RDMABUF_LOG_WARN("endpoint listener " + state_->address.to_string() +
+                         ": out of file descriptors; a connection waits");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      if (accept_error_is_the_connections(errno)) continue;
       return Unavailable("accept: " + errno_text(errno));
     }
+    // Now, while the peer is surely there to name in a warning.
+    const auto peer = peer_address(fd.get());
     tune_data_socket(fd.get());  // no Nagle: frames are small and each is awaited
     const int stop = state_->stop.get();
     const Deadline handshake = std::min(deadline, Clock::now() + kHandshakeLimit);
     auto peer_id = greet(fd.get(), state_->manager.identity().manager_id, handshake, stop);
     auto channel = peer_id.ok() ? answer_channel(fd.get(), state_->manager, handshake, stop)
                                 : Result<Channel>(peer_id.status());
-    auto peer = peer_address(fd.get());
     if (!channel.ok()) {
       const StatusCode code = channel.status().code();
       if (code == StatusCode::kCancelled) return closed;
-      if (code == StatusCode::kDeadlineExceeded && handshake == deadline) {
+      if (code == StatusCode::kDeadlineExceeded && Clock::now() >= deadline) {
         return DeadlineExceeded("no peer completed the endpoint handshake in time");
       }
       // That connection, not the listener, failed (it vanished, spoke
       // something else, or said nothing for kHandshakeLimit): drop it and
       // wait for the next.
       const std::string why = code == StatusCode::kDeadlineExceeded
-                                  ? "it did not complete the handshake in " +
+                                  ? "it did not complete the handshake within " +
                                         std::to_string(kHandshakeLimit.count()) + " s"
                                   : "its handshake failed: " + channel.status().to_string();
       RDMABUF_LOG_WARN(

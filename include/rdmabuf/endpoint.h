@@ -192,10 +192,11 @@ class EndpointListener {
 
   // The next endpoint a peer connected (Manager::connect), once its
   // greeting checked out. A connection that fails the handshake (not an
-  // rdmabuf endpoint, gone midway, or silent for 5 s) is dropped with a
-  // warning in the log, and accept goes on waiting: its errors are about
+  // rdmabuf endpoint, gone midway, or not done within 5 s) is dropped with
+  // a warning in the log, and accept goes on waiting: its errors are about
   // the listener, never one peer. kDeadlineExceeded when no peer completed
-  // the handshake in time; kCancelled once close() was called.
+  // the handshake in time; kCancelled once close() was called;
+  // kUnavailable when the listening socket itself fails.
   Result<std::unique_ptr<Endpoint>> accept(std::chrono::milliseconds timeout);
 
   // "HOST:PORT" to give to Manager::connect (the port chosen when 0).

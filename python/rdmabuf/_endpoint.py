@@ -159,8 +159,9 @@ class Listener:
 
     def accept(self, *, timeout: Optional[float] = None) -> Endpoint:
         """The next peer that connected and completed the handshake. A
-        connection that is not an rdmabuf endpoint, goes away midway, or says
-        nothing for 5 s is dropped (a warning in the log) and accept waits on.
+        connection that is not an rdmabuf endpoint, goes away midway, or has
+        not finished the handshake within 5 s is dropped (a warning in the
+        log) and accept waits on.
         DeadlineExceededError when no peer came in time; CancelledError once
         the listener is closed (from another thread too)."""
         return Endpoint(self._listener.accept(timeout))
