@@ -1321,18 +1321,24 @@ class EndpointImpl {
     };
     LocalMemory into;
     RemoteBuffer handle;
+    bool open = false;
     {
+      // Never reply with mu_ held: a failed write breaks the endpoint,
+      // which takes mu_.
       std::lock_guard lock(mu_);
       Receive* receive = open_receive();
-      if (receive == nullptr) return refuse(gone);
-      if (receive->into.size() <= kInlineLimit) {
-        // Only an inline message fits it: a peer that follows the protocol
-        // never asks, and its memory is never registered.
-        return ProtocolError("the peer asked for the handle of receive " + std::to_string(seq) +
-                             ", which only an inline message fits");
+      if (receive != nullptr) {
+        open = true;
+        into = receive->into;
+        handle = receive->handle;
       }
-      into = receive->into;
-      handle = receive->handle;
+    }
+    if (!open) return refuse(gone);
+    if (into.size() <= kInlineLimit) {
+      // Only an inline message fits it: a peer that follows the protocol
+      // never asks, and its memory is never registered.
+      return ProtocolError("the peer asked for the handle of receive " + std::to_string(seq) +
+                           ", which only an inline message fits");
     }
     if (!handle.valid()) {
       auto registered = manager_.register_buffer(into);

@@ -162,6 +162,9 @@ class RawEndpointPeer {
   // No more bytes from this side: the real side reads the end after them.
   void shut_down_writes() { ::shutdown(fd_.get(), SHUT_WR); }
 
+  // Gone: the real side's writes from now on fail.
+  void close() { fd_.reset(); }
+
  private:
   explicit RawEndpointPeer(Fd fd) : fd_(std::move(fd)) {}
   Fd fd_;

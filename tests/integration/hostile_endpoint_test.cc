@@ -9,6 +9,8 @@
 // the real side can refuse (an absurd loan) is refused, and the endpoint
 // goes on.
 #include <future>
+#include <memory>
+#include <thread>
 
 #include "tests/helpers/raw_endpoint.h"
 #include "tests/integration/integration.h"
@@ -288,6 +290,39 @@ TEST_F(HostileEndpointTest, AnAbsurdLoanIsRefusedAndTheEndpointGoesOn) {
       << "a refused loan registered memory";
   // The endpoint goes on: a message still arrives.
   expect_message_arrives(*endpoint, *raw, "still");
+}
+
+// Requests from a peer that has gone by the time they are answered: each
+// reply fails, which breaks the endpoint. The endpoint must not hold its
+// own lock while it replies (it did, refusing a handle for a receive that
+// is not open, and hung; found by fuzz_endpoint_frames).
+TEST_F(HostileEndpointTest, RequestsFromAPeerThatHasGoneEndTheEndpointWithoutHanging) {
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::optional<RawEndpointPeer> raw;
+    auto endpoint = connect(raw);
+    ASSERT_TRUE(endpoint);
+    std::vector<uint8_t> requests;
+    for (uint64_t id = 1; id <= 64; ++id) {
+      auto frame = raw_frame(RawFrame::kHandleWanted,
+                             RawPayload().u64(id).u64(/*a receive nobody posted=*/1000 + id));
+      requests.insert(requests.end(), frame.begin(), frame.end());
+    }
+    ASSERT_TRUE(raw->send(requests));
+    raw->close();  // usually before the endpoint reads the requests
+    std::this_thread::sleep_for(50ms);
+    // Closing joins the endpoint's thread. On a thread of its own, so that
+    // a hang fails the test instead of stopping it.
+    auto done = std::make_shared<std::promise<void>>();
+    auto closed = done->get_future();
+    std::thread([endpoint = std::move(endpoint), done]() mutable {
+      endpoint.reset();
+      done->set_value();
+    }).detach();
+    ASSERT_EQ(closed.wait_for(kFrameWait), std::future_status::ready)
+        << "the endpoint hung replying to a peer that had gone";
+  }
+  expect_manager_still_serves();
 }
 
 TEST_F(HostileEndpointTest, APeerThatStopsMidFrameEndsTheEndpointWithUnavailable) {
