@@ -39,6 +39,8 @@
 #include <mutex>
 #include <span>
 #include <thread>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "common/log.h"
@@ -296,11 +298,6 @@ Deadline deadline_after(std::chrono::milliseconds timeout) {
   return Clock::now() + timeout;
 }
 
-std::chrono::milliseconds left_until(Deadline deadline) {
-  return std::max(std::chrono::milliseconds(1),
-                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-}
-
 }  // namespace
 
 class EndpointImpl {
@@ -308,13 +305,14 @@ class EndpointImpl {
   // `events`: an epoll set watching `stop` and `wake` (both level) and `fd`
   // (one-shot, armed), made by create().
   EndpointImpl(Manager& manager, Fd fd, Channel channel, std::string peer, uint64_t peer_manager_id,
-               Fd stop, Fd wake, Fd events)
+               Fd stop, Fd wake, Fd sends_wake, Fd events)
       : manager_(manager),
         fd_(std::move(fd)),
         shm_(std::move(channel.shm)),
         channel_(std::move(channel.description)),
         stop_(std::move(stop)),
         wake_(std::move(wake)),
+        sends_wake_(std::move(sends_wake)),
         events_(std::move(events)),
         in_(std::make_unique<uint8_t[]>(kInCapacity)),
         peer_(std::move(peer)),
@@ -327,6 +325,7 @@ class EndpointImpl {
                                                       std::string peer, uint64_t peer_manager_id) {
     RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
     RDMABUF_ASSIGN_OR_RETURN(Fd wake, make_eventfd());
+    RDMABUF_ASSIGN_OR_RETURN(Fd sends_wake, make_eventfd());
     Fd events(::epoll_create1(EPOLL_CLOEXEC));
     if (!events.valid()) return Internal("epoll_create1: " + errno_text(errno));
     for (int watched : {stop.get(), wake.get(), fd.get()}) {
@@ -337,101 +336,91 @@ class EndpointImpl {
         return Internal("epoll_ctl: " + errno_text(errno));
       }
     }
-    return std::make_unique<EndpointImpl>(manager, std::move(fd), std::move(channel),
-                                          std::move(peer), peer_manager_id, std::move(stop),
-                                          std::move(wake), std::move(events));
+    return std::make_unique<EndpointImpl>(
+        manager, std::move(fd), std::move(channel), std::move(peer), peer_manager_id,
+        std::move(stop), std::move(wake), std::move(sends_wake), std::move(events));
   }
 
   ~EndpointImpl() { close(Cancelled("the endpoint was closed")); }
 
+  Manager& manager() const { return manager_; }
   const std::string& peer() const { return peer_; }
   const std::string& channel() const { return channel_; }
 
   void close(const Status& why) {
     break_with(why);
-    std::lock_guard join(join_mu_);
-    if (reader_.joinable()) reader_.join();
-    if (lease_keeper_.joinable()) lease_keeper_.join();
+    {
+      std::lock_guard join(join_mu_);
+      if (reader_.joinable()) reader_.join();
+      if (lease_keeper_.joinable()) lease_keeper_.join();
+    }
+    cancel_writes();
   }
 
-  // --- messages ---------------------------------------------------------------
+  // --- messages: sends ----------------------------------------------------------
+  //
+  // Posted sends take the peer's credits in the order they were posted. A
+  // matched send that one frame answers (an inline message, or kTooLarge)
+  // is done once that frame is written. A larger message asks for the
+  // receive's handle when its credit came without one, then is a one-sided
+  // write submitted without waiting, then a kSent frame. Whoever comes by
+  // moves posted sends on (progress_sends): a caller posting or waiting, a
+  // caller reading the control channel, or the endpoint's thread, woken by
+  // a write that finished. Each step is claimed under mu_, so any number of
+  // threads may do so at once.
 
-  Status send(const LocalMemory& message, std::chrono::milliseconds timeout) {
-    const Deadline deadline = deadline_after(timeout);
-    while (true) {
-      Credit credit;
-      {
-        std::unique_lock lock(mu_);
-        if (!await(lock, deadline, [&] { return !credits_.empty() || !broken_.ok(); })) {
-          return DeadlineExceeded("the peer posted no receive in time");
-        }
-        if (!broken_.ok()) return broken_;
-        credit = std::move(credits_.front());
+  // Posts `message` (see Endpoint::post_send). `write_timeout` bounds its
+  // one-sided write. Its outcome when known at once (a free credit, and one
+  // frame answers it), else the id of its record for wait_send().
+  Result<std::variant<Status, uint64_t>> post_send(const LocalMemory& message,
+                                                   std::chrono::milliseconds write_timeout) {
+    uint64_t id;
+    {
+      std::unique_lock lock(mu_);
+      RDMABUF_RETURN_IF_ERROR(broken_);
+      if (queued_sends_.empty() && !credits_.empty() && answered_by_one_frame(message)) {
+        Credit credit = std::move(credits_.front());
         credits_.pop_front();
-        // A send answered by one frame needs no record: a withdrawal that
-        // comes meanwhile finds the credit gone, and our answer answers it.
-        if (message.size() > kInlineLimit && message.size() <= credit.capacity) {
-          in_send_[credit.seq] = false;  // taken, not withdrawn
-        }
+        lock.unlock();
+        return std::variant<Status, uint64_t>(send_in_one_frame(credit, message));
       }
-      const uint64_t size = message.size();
-      if (size > credit.capacity) {
-        RDMABUF_RETURN_IF_ERROR(
-            write_frame(FrameBuilder(Frame::kTooLarge).u64(credit.seq).u64(size)));
-        return InvalidArgument("a message of " + std::to_string(size) +
-                               " bytes does not fit the receive the peer posted (" +
-                               std::to_string(credit.capacity) + " bytes)");
-      }
-      if (size <= kInlineLimit) {
-        FrameBuilder inline_message(Frame::kSentInline, sizeof(uint64_t));
-        inline_message.u64(credit.seq);
-        return write_frame(inline_message,
-                           {reinterpret_cast<const uint8_t*>(message.data()), size});
-      }
-      Status wrote;
-      if (!credit.buffer.valid()) {
-        // The receiver registers its memory only now that a message needs it.
-        auto handle = ask_for_handle(credit.seq, deadline);
-        if (handle.ok()) {
-          credit.buffer = std::move(handle).value();
-        } else {
-          wrote = handle.status();
-        }
-      }
-      if (wrote.ok()) {
-        auto target = credit.buffer.slice(0, size);
-        wrote = target.ok() ? manager_.write_from(*target, message, left_until(deadline))
-                            : target.status();
-      }
-      const bool withdrawn = finish_send(credit.seq);
-      if (wrote.ok()) return write_frame(FrameBuilder(Frame::kSent).u64(credit.seq).u64(size));
-      // Nothing was delivered into `seq`: say so, so that every credit gets
-      // its answer.
-      RDMABUF_RETURN_IF_ERROR(write_frame(FrameBuilder(Frame::kNotTaken).u64(credit.seq).u64(0)));
-      // A receive withdrawn meanwhile refuses the write (NotFound: its buffer
-      // is released, perhaps before its withdrawal reached us): the message
-      // goes to the next receive.
-      if ((withdrawn || wrote.code() == StatusCode::kNotFound) && Clock::now() < deadline) {
+      id = next_send_++;
+      Outgoing& out = sends_[id];
+      out.message = message;
+      out.write_timeout = write_timeout;
+      queued_sends_.push_back(id);
+    }
+    progress_sends();
+    return std::variant<Status, uint64_t>(id);
+  }
+
+  // Waits for posted send `id`; at the deadline, cancels it.
+  Status wait_send(uint64_t id, std::chrono::milliseconds timeout) {
+    const Deadline deadline = deadline_after(timeout);
+    std::unique_lock lock(mu_);
+    auto it = sends_.find(id);
+    if (it == sends_.end()) return FailedPrecondition("this send was waited for already");
+    Outgoing& out = it->second;  // map nodes stay put; only this call erases it
+    while (out.stage != Stage::kDone) {
+      if (!broken_.ok() || Clock::now() >= deadline) {
+        cut_short(lock, id, out);  // (progress_sends does nothing once broken)
         continue;
       }
-      return wrote.with_context("writing the message into the peer's receive");
+      if (send_work_ready()) {
+        lock.unlock();
+        progress_sends();
+        lock.lock();
+        continue;
+      }
+      await(lock, deadline,
+            [&] { return out.stage == Stage::kDone || !broken_.ok() || send_work_ready(); });
     }
+    Status status = std::move(out.status);
+    sends_.erase(it);
+    return status;
   }
 
-  // The handle of receive `seq` (its credit came without one), once the
-  // peer registered its memory. kNotFound when the receive was withdrawn.
-  Result<RemoteBuffer> ask_for_handle(uint64_t seq, Deadline deadline) {
-    FrameBuilder request(Frame::kHandleWanted);
-    RDMABUF_ASSIGN_OR_RETURN(
-        Reply reply,
-        call(
-            request, [&](uint64_t id) { request.u64(id).u64(seq); }, left_until(deadline)));
-    RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer buffer, RemoteBuffer::from_bytes(reply.body));
-    if (buffer.owner().manager_id != peer_manager_id_) {
-      return ProtocolError("the peer sent a receive's handle that is not its own");
-    }
-    return buffer;
-  }
+  // --- messages: receives -------------------------------------------------------
 
   // Posts `into` for the next message: the receive's sequence number, for
   // wait_receive() or abandon_receive().
@@ -596,6 +585,282 @@ class EndpointImpl {
     uint64_t capacity = 0;
     RemoteBuffer buffer;  // empty when only inline messages fit
   };
+  // A posted send's way: kQueued (waiting for a credit) -> kAskingHandle
+  // (when its credit came without a handle) -> kWriting (the one-sided
+  // write) -> kDone. kBusy: a thread is writing a frame for it or starting
+  // its write, and moves it on next; nobody else touches it meanwhile.
+  enum class Stage { kQueued, kAskingHandle, kWriting, kBusy, kDone };
+  struct Outgoing {
+    LocalMemory message;
+    std::chrono::milliseconds write_timeout{0};
+    Stage stage = Stage::kQueued;
+    Credit credit;            // from kAskingHandle on
+    uint64_t request = 0;     // kAskingHandle: the handle request's id
+    Transfer write;           // kWriting
+    bool write_done = false;  // kWriting: the write finished (its on_done ran)
+    Status status;            // kDone
+  };
+
+  bool answered_by_one_frame(const LocalMemory& message) const {
+    return message.size() <= kInlineLimit || message.size() > credits_.front().capacity;
+  }
+
+  // Something for progress_sends() to do (mu_ held).
+  bool send_work_ready() const {
+    return (!queued_sends_.empty() && !credits_.empty()) || !send_events_.empty();
+  }
+
+  // Answers `credit` with one frame: the message itself, or kTooLarge.
+  Status send_in_one_frame(const Credit& credit, const LocalMemory& message) {
+    const uint64_t size = message.size();
+    if (size > credit.capacity) {
+      RDMABUF_RETURN_IF_ERROR(
+          write_frame(FrameBuilder(Frame::kTooLarge).u64(credit.seq).u64(size)));
+      return InvalidArgument("a message of " + std::to_string(size) +
+                             " bytes does not fit the receive the peer posted (" +
+                             std::to_string(credit.capacity) + " bytes)");
+    }
+    FrameBuilder inline_message(Frame::kSentInline, sizeof(uint64_t));
+    inline_message.u64(credit.seq);
+    return write_frame(inline_message, {reinterpret_cast<const uint8_t*>(message.data()), size});
+  }
+
+  // Moves posted sends on as far as they go without waiting for the peer:
+  // matches queued sends with credits, and takes up the handles that came
+  // and the writes that finished. No lock held; blocks only to write frames.
+  void progress_sends() {
+    std::unique_lock lock(mu_);
+    while (broken_.ok()) {  // once broken, each wait ends its own send
+      if (!queued_sends_.empty() && !credits_.empty()) {
+        const uint64_t id = queued_sends_.front();
+        queued_sends_.pop_front();
+        Outgoing& out = sends_.at(id);
+        out.credit = std::move(credits_.front());
+        credits_.pop_front();
+        if (out.message.size() <= kInlineLimit || out.message.size() > out.credit.capacity) {
+          out.stage = Stage::kBusy;
+          lock.unlock();
+          Status sent = send_in_one_frame(out.credit, out.message);
+          lock.lock();
+          finish(out, std::move(sent));
+          continue;
+        }
+        in_send_[out.credit.seq] = false;  // taken, not withdrawn
+        if (out.credit.buffer.valid()) {
+          start_write(lock, id, out);
+        } else {
+          ask_for_handle(lock, id, out);
+        }
+        continue;
+      }
+      if (send_events_.empty()) return;
+      const uint64_t id = send_events_.front();
+      send_events_.pop_front();
+      auto it = sends_.find(id);
+      if (it == sends_.end()) continue;
+      Outgoing& out = it->second;
+      if (out.stage == Stage::kAskingHandle) {
+        take_handle(lock, id, out);
+      } else if (out.stage == Stage::kWriting && out.write_done) {
+        out.stage = Stage::kBusy;
+        Transfer write = std::move(out.write);
+        lock.unlock();
+        Status wrote = write.status();
+        write = Transfer();  // its on_done has run: this does not wait
+        conclude_write(lock, id, out, std::move(wrote), /*may_retry=*/true);
+      }
+    }
+  }
+
+  // The receiver registers its memory only now that a message needs it:
+  // asks for the handle of `out`'s receive (lock held; kAskingHandle after).
+  void ask_for_handle(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out) {
+    out.stage = Stage::kBusy;
+    out.request = next_request_++;
+    Reply& slot = replies_[out.request];
+    slot.for_send = true;
+    slot.send = id;
+    const uint64_t seq = out.credit.seq;
+    const uint64_t request = out.request;
+    lock.unlock();
+    // A failure breaks the endpoint: the send's wait says so.
+    write_frame(FrameBuilder(Frame::kHandleWanted).u64(request).u64(seq)).ignore();
+    lock.lock();
+    out.stage = Stage::kAskingHandle;
+    // Its event, when the reply came meanwhile, may have been taken (and
+    // dropped) while the send was kBusy.
+    if (replies_.count(request) != 0 && replies_[request].arrived) send_events_.push_back(id);
+    cv_.notify_all();
+  }
+
+  // The answer to `out`'s handle request came (lock held).
+  void take_handle(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out) {
+    auto it = replies_.find(out.request);
+    if (it == replies_.end() || !it->second.arrived) return;
+    Reply reply = std::move(it->second);
+    replies_.erase(it);
+    Status st = reply.status;
+    if (st.ok()) {
+      auto buffer = RemoteBuffer::from_bytes(reply.body);
+      if (!buffer.ok()) {
+        st = buffer.status();
+      } else if (buffer->owner().manager_id != peer_manager_id_) {
+        st = ProtocolError("the peer sent a receive's handle that is not its own");
+      } else {
+        out.credit.buffer = std::move(buffer).value();
+      }
+    }
+    if (st.ok()) {
+      start_write(lock, id, out);
+      return;
+    }
+    out.stage = Stage::kBusy;
+    lock.unlock();
+    conclude_write(lock, id, out, std::move(st), /*may_retry=*/true);
+  }
+
+  // Submits `out`'s one-sided write into its receive (lock held; kWriting
+  // after). The write's on_done reports to send_events_.
+  void start_write(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out) {
+    out.stage = Stage::kBusy;
+    out.write_done = false;
+    auto target = out.credit.buffer.slice(0, out.message.size());
+    if (!target.ok()) {
+      lock.unlock();
+      conclude_write(lock, id, out, target.status(), /*may_retry=*/false);
+      return;
+    }
+    std::vector<Op> ops;
+    ops.push_back(Op::write(std::move(target).value(), out.message));
+    const auto timeout = out.write_timeout;
+    lock.unlock();
+    Transfer write = manager_.submit(std::move(ops), timeout, [this, id] { write_finished(id); });
+    lock.lock();
+    out.write = std::move(write);
+    out.stage = Stage::kWriting;
+    // As in ask_for_handle: a write that finished already may have lost its event.
+    if (out.write_done) send_events_.push_back(id);
+    cv_.notify_all();  // a wait that wants to cut it short may now
+  }
+
+  // A send's one-sided write finished (its on_done, on a library thread).
+  void write_finished(uint64_t id) {
+    bool reading;
+    {
+      std::lock_guard lock(mu_);
+      auto it = sends_.find(id);
+      if (it == sends_.end()) return;
+      it->second.write_done = true;
+      send_events_.push_back(id);
+      reading = reading_;
+    }
+    cv_.notify_all();
+    // A caller reading the channel may be asleep on it; so may the
+    // endpoint's thread. Either moves the send on.
+    if (reading) signal_eventfd(sends_wake_.get());
+    if (serve_sleeping_.load()) signal_eventfd(wake_.get());
+  }
+
+  // Ends `out`'s use of its credit, after its write (kBusy, claimed by the
+  // caller; no lock held, and held again on return): a kSent frame when
+  // `wrote`, else kNotTaken, so that every credit gets its answer. A send
+  // whose receive was withdrawn meanwhile then goes back to the front of
+  // the queue, for the next receive, when `may_retry`.
+  void conclude_write(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out, Status wrote,
+                      bool may_retry) {
+    const uint64_t seq = out.credit.seq;
+    const bool withdrawn = finish_send(seq);
+    if (wrote.ok()) {
+      Status sent = write_frame(FrameBuilder(Frame::kSent).u64(seq).u64(out.message.size()));
+      lock.lock();
+      finish(out, std::move(sent));
+      return;
+    }
+    Status answered = write_frame(FrameBuilder(Frame::kNotTaken).u64(seq).u64(0));
+    // A receive withdrawn meanwhile refuses the write (NotFound: its buffer
+    // is released, perhaps before its withdrawal reached us).
+    const bool retry =
+        answered.ok() && may_retry && (withdrawn || wrote.code() == StatusCode::kNotFound);
+    lock.lock();
+    if (retry && broken_.ok()) {
+      out.stage = Stage::kQueued;
+      out.credit = Credit{};
+      queued_sends_.push_front(id);
+      cv_.notify_all();
+      return;
+    }
+    finish(out, answered.ok() ? wrote.with_context("writing the message into the peer's receive")
+                              : answered);
+  }
+
+  // `out` is done with `status` (lock held).
+  void finish(Outgoing& out, Status status) {
+    out.stage = Stage::kDone;
+    out.status = std::move(status);
+    cv_.notify_all();
+  }
+
+  // Ends posted send `id` before its time, at its wait's deadline or once
+  // the endpoint broke (lock held, and held on return; it may wait a moment
+  // for a thread that moves it on). Once kDone, no byte of its message is
+  // read any more.
+  void cut_short(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out) {
+    const Status why = broken_;
+    switch (out.stage) {
+      case Stage::kQueued:
+        queued_sends_.erase(std::find(queued_sends_.begin(), queued_sends_.end(), id));
+        finish(out, why.ok() ? DeadlineExceeded("the peer posted no receive in time") : why);
+        return;
+      case Stage::kBusy:
+        cv_.wait(lock, [&] { return out.stage != Stage::kBusy; });
+        return;
+      case Stage::kAskingHandle:
+        replies_.erase(out.request);  // a late answer is ignored
+        out.stage = Stage::kBusy;
+        lock.unlock();
+        conclude_write(lock, id, out,
+                       why.ok() ? DeadlineExceeded("the peer did not send its receive's handle "
+                                                   "in time")
+                                : why,
+                       /*may_retry=*/false);
+        return;
+      case Stage::kWriting: {
+        out.stage = Stage::kBusy;
+        Transfer write = std::move(out.write);
+        lock.unlock();
+        write.cancel();  // from now on the message's memory is not read
+        Status wrote = write.status();
+        write = Transfer();
+        if (!wrote.ok() && why.ok()) wrote = DeadlineExceeded("the write did not finish in time");
+        conclude_write(lock, id, out, why.ok() ? wrote : why, /*may_retry=*/false);
+        return;
+      }
+      case Stage::kDone:
+        return;
+    }
+  }
+
+  // Posted sends whose wait has not ended: every one cancelled, so that no
+  // write's on_done runs after the endpoint is gone (close()).
+  void cancel_writes() {
+    std::vector<std::pair<Outgoing*, Transfer>> writes;
+    std::unique_lock lock(mu_);
+    for (auto& [id, out] : sends_) {
+      if (out.stage != Stage::kWriting) continue;
+      out.stage = Stage::kBusy;
+      writes.emplace_back(&out, std::move(out.write));
+    }
+    lock.unlock();
+    for (auto& [out, write] : writes)
+      write.cancel();
+    lock.lock();
+    for (auto& [out, write] : writes) {
+      out->write = std::move(write);
+      out->stage = Stage::kWriting;  // its wait ends it
+    }
+    cv_.notify_all();
+  }
+
   // One of our posted receives.
   struct Receive {
     LocalMemory into;
@@ -614,6 +879,8 @@ class EndpointImpl {
   };
   // The answer to one of our requests (kLent, kRenewed).
   struct Reply {
+    bool for_send = false;  // a send's handle request: its arrival is a send event
+    uint64_t send = 0;      // that send's id
     bool arrived = false;
     Status status;
     uint64_t value = 0;  // the lease granted, in ms
@@ -855,7 +1122,17 @@ class EndpointImpl {
       bool progressed = false;
       st = pump(progressed);
       bool done;
+      bool sends;
       {
+        std::lock_guard lock(mu_);
+        sends = send_work_ready();
+        done = !sends && (ready() || notes_.size() >= kMaxPendingNotes);
+      }
+      if (sends && st.ok()) {
+        // Credits came for posted sends, or their writes finished: whatever
+        // this caller waits for, the sends go on.
+        progress_sends();
+        progressed = true;
         std::lock_guard lock(mu_);
         done = ready() || notes_.size() >= kMaxPendingNotes;
       }
@@ -917,10 +1194,16 @@ class EndpointImpl {
 
   // Sleeps (reader role held) until the control channel may have bytes, or
   // `deadline`; false when the endpoint is closing.
+  // Also wakes when a posted send's write finished (sends_wake_).
   bool sleep_on_channel(Deadline deadline) {
     if (shm_ && !shm_->request_doorbell()) return true;  // bytes came meanwhile
-    if (wait_fd(fd_.get(), POLLIN, deadline, stop_.get()).code() == StatusCode::kCancelled) {
-      return false;
+    pollfd watched[3] = {
+        {fd_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}, {sends_wake_.get(), POLLIN, 0}};
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    // An error (EINTR) or the deadline: the caller looks again.
+    if (::poll(watched, 3, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30))) > 0) {
+      if (watched[1].revents != 0) return false;
+      if (watched[2].revents != 0) drain_eventfd(sends_wake_.get());
     }
     if (shm_) take_doorbells();
     return true;
@@ -1056,6 +1339,7 @@ class EndpointImpl {
       serve_sleeping_.store(false);
       drain_eventfd(wake_.get());
       flush().ignore();
+      progress_sends();  // writes that finished, credits read by callers
       if (!deliver_notes()) {
         break_with(Cancelled("the manager is shutting down"));
         break;
@@ -1084,6 +1368,7 @@ class EndpointImpl {
         fail_reading(st);
         break;
       }
+      progress_sends();  // with the credits just read
     }
     deliver_notes();  // what was read before the end, while the queue has room
   }
@@ -1241,6 +1526,7 @@ class EndpointImpl {
         if (it == replies_.end()) break;  // its caller gave up
         Reply& reply = it->second;
         reply.arrived = true;
+        if (reply.for_send) send_events_.push_back(reply.send);
         reply.value = value;
         if (code == StatusCode::kOk) {
           reply.body.assign(body.begin(), body.end());
@@ -1445,8 +1731,9 @@ class EndpointImpl {
   std::unique_ptr<ShmChannel> shm_;  // the shared-memory channel, when in use
   const std::string channel_;        // Endpoint::channel()
   Fd stop_;                          // readable once closing
-  Fd wake_;    // readable when the endpoint's thread has notifications to deliver
-  Fd events_;  // epoll: stop_, wake_, and fd_ while no caller reads it
+  Fd wake_;        // readable when the endpoint's thread has work: notifications, sends
+  Fd sends_wake_;  // readable when a send's write finished while a caller read
+  Fd events_;      // epoll: stop_, wake_, and fd_ while no caller reads it
   // The reader role: its holder alone reads fd_ and dispatches (in_).
   std::mutex read_mu_;
   std::atomic<Clock::rep> last_lead_end_{0};  // when a caller last gave the role back
@@ -1458,13 +1745,17 @@ class EndpointImpl {
   const uint64_t peer_manager_id_;
 
   std::mutex mu_;
-  std::condition_variable cv_;           // callers waiting for the peer
-  std::condition_variable leases_cv_;    // the lease keeper
-  Status broken_;                        // OK while usable
-  bool reading_ = false;                 // the reader role is held
-  std::deque<Notification> notes_;       // for the endpoint's thread to deliver
-  std::deque<Credit> credits_;           // the peer's receives, not yet taken
-  std::map<uint64_t, bool> in_send_;     // taken credits: withdrawn meanwhile?
+  std::condition_variable cv_;          // callers waiting for the peer
+  std::condition_variable leases_cv_;   // the lease keeper
+  Status broken_;                       // OK while usable
+  bool reading_ = false;                // the reader role is held
+  std::deque<Notification> notes_;      // for the endpoint's thread to deliver
+  std::deque<Credit> credits_;          // the peer's receives, not yet taken
+  std::map<uint64_t, bool> in_send_;    // taken credits: withdrawn meanwhile?
+  std::map<uint64_t, Outgoing> sends_;  // posted sends, until their wait ends
+  std::deque<uint64_t> queued_sends_;   // posted sends waiting for a credit, oldest first
+  std::deque<uint64_t> send_events_;    // sends whose handle came or whose write finished
+  uint64_t next_send_ = 0;
   std::map<uint64_t, Receive> waiting_;  // our posted receives
   uint64_t next_seq_ = 0;
   std::map<uint64_t, Reply> replies_;  // our requests waiting for an answer
@@ -1497,7 +1788,16 @@ Endpoint::~Endpoint() {
 }
 
 Status Endpoint::send(const LocalMemory& message, std::chrono::milliseconds timeout) {
-  return impl_->send(message, timeout);
+  RDMABUF_ASSIGN_OR_RETURN(auto posted, impl_->post_send(message, timeout));
+  if (const Status* done = std::get_if<Status>(&posted)) return *done;
+  return impl_->wait_send(std::get<uint64_t>(posted), timeout);
+}
+
+Result<PendingSend> Endpoint::post_send(const LocalMemory& message) {
+  RDMABUF_ASSIGN_OR_RETURN(auto posted,
+                           impl_->post_send(message, impl_->manager().config().default_timeout));
+  if (Status* done = std::get_if<Status>(&posted)) return PendingSend(std::move(*done));
+  return PendingSend(impl_, std::get<uint64_t>(posted));
 }
 
 Result<uint64_t> Endpoint::receive(const LocalMemory& into, std::chrono::milliseconds timeout) {
@@ -1535,6 +1835,42 @@ Result<uint64_t> PendingReceive::wait(std::chrono::milliseconds timeout) {
   if (!endpoint_) return FailedPrecondition("this receive was waited for already");
   auto endpoint = std::move(endpoint_);
   return endpoint->wait_receive(seq_, timeout);
+}
+
+// --- PendingSend --------------------------------------------------------------------
+
+PendingSend::PendingSend(std::shared_ptr<EndpointImpl> endpoint, uint64_t id)
+    : endpoint_(std::move(endpoint)), id_(id), waited_(false) {}
+
+PendingSend::PendingSend(Status done) : waited_(false), done_(std::move(done)) {}
+
+PendingSend::PendingSend(PendingSend&& other) noexcept
+    : endpoint_(std::move(other.endpoint_)),
+      id_(other.id_),
+      waited_(std::exchange(other.waited_, true)),
+      done_(std::move(other.done_)) {}
+
+PendingSend& PendingSend::operator=(PendingSend&& other) noexcept {
+  if (this != &other) {
+    if (endpoint_) endpoint_->wait_send(id_, std::chrono::milliseconds(0)).ignore();
+    endpoint_ = std::move(other.endpoint_);
+    id_ = other.id_;
+    waited_ = std::exchange(other.waited_, true);
+    done_ = std::move(other.done_);
+  }
+  return *this;
+}
+
+PendingSend::~PendingSend() {
+  if (endpoint_) endpoint_->wait_send(id_, std::chrono::milliseconds(0)).ignore();
+}
+
+Status PendingSend::wait(std::chrono::milliseconds timeout) {
+  if (waited_) return FailedPrecondition("this send was waited for already");
+  waited_ = true;
+  if (!endpoint_) return std::move(done_);
+  auto endpoint = std::move(endpoint_);
+  return endpoint->wait_send(id_, timeout);
 }
 
 Status Endpoint::write(const RemoteBuffer& dst, const LocalMemory& src, uint32_t tag,

@@ -6,17 +6,17 @@
 // the same single backend. Latency is a ping-pong of one message (the
 // receive for the echo posted before the send), reported
 // as half the round trip (as tag_lat reports it): the median and p99 of at
-// least 1000 after warm-up. Bandwidth is messages sent back to back by
-// --senders threads (2; the API blocks per message, so each thread keeps one
-// message in flight) into the peer's 16 posted receives, repeated --iters
-// times: the median. UCX runs once per size after rdmabuf.
+// least 1000 after warm-up. Bandwidth is messages sent back to back by one
+// thread that keeps --window of them posted (Endpoint::post_send, 16 by
+// default, as many as the peer keeps receives posted), as tag_bw keeps a
+// window of sends in flight, repeated --iters times: the median. UCX runs
+// once per size after rdmabuf.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/strings.h"
@@ -38,7 +38,7 @@ struct SendOptions {
   std::vector<uint64_t> latency_sizes = {8, 4096, 65536};
   std::vector<uint64_t> sizes;
   int iters = 10;
-  int senders = 2;  // threads sending at once: messages in flight (send blocks)
+  int window = 16;  // sends posted at once, from one thread
   bool compare_peer = true;
   bool json = false;
 };
@@ -46,15 +46,15 @@ struct SendOptions {
 Result<SendOptions> parse_send_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(
       Args args,
-      parse_args(argc, argv, 2, {"op", "backend", "sizes", "iters", "senders", "peer"}, {"json"}));
+      parse_args(argc, argv, 2, {"op", "backend", "sizes", "iters", "window", "peer"}, {"json"}));
   if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
   SendOptions o;
   o.backend = args.get("backend");
   RDMABUF_ASSIGN_OR_RETURN(o.sizes, args.size_list("sizes", "4K,64K,1M,4M"));
   RDMABUF_ASSIGN_OR_RETURN(int64_t iters, args.integer("iters", 10, 1, 100000));
   o.iters = static_cast<int>(iters);
-  RDMABUF_ASSIGN_OR_RETURN(int64_t senders, args.integer("senders", 2, 1, 64));
-  o.senders = static_cast<int>(senders);
+  RDMABUF_ASSIGN_OR_RETURN(int64_t window, args.integer("window", 16, 1, 1024));
+  o.window = static_cast<int>(window);
   std::string peer = args.get("peer").value_or("auto");
   if (peer != "auto" && peer != "none") return InvalidArgument("--peer must be auto or none");
   o.compare_peer = peer == "auto";
@@ -89,34 +89,24 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
   return half_trips;
 }
 
-// GB/s of `count` messages of `size` bytes sent by `senders` threads at once.
-Result<double> stream(Endpoint& endpoint, uint64_t size, int count, int senders) {
-  std::vector<LocalMemory> messages;
-  for (int t = 0; t < senders; ++t) {
-    RDMABUF_ASSIGN_OR_RETURN(LocalMemory m, LocalMemory::allocate(size));
-    std::memset(m.data(), 'S', size);  // 'S': the peer drops it
-    messages.push_back(m);
-  }
-  std::vector<Status> failed(static_cast<size_t>(senders));
+// GB/s of `count` messages of `size` bytes sent by one thread that keeps
+// `window` of them posted.
+Result<double> stream(Endpoint& endpoint, uint64_t size, int count, int window) {
+  RDMABUF_ASSIGN_OR_RETURN(LocalMemory message, LocalMemory::allocate(size));
+  std::memset(message.data(), 'S', size);  // 'S': the peer drops it
+  std::deque<PendingSend> in_flight;
   auto start = Clock::now();
-  std::vector<std::thread> threads;
-  for (int t = 0; t < senders; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = t; i < count; i += senders) {
-        Status st = endpoint.send(messages[t], kTimeout);
-        if (!st.ok()) {
-          failed[static_cast<size_t>(t)] = st;
-          return;
-        }
-      }
-    });
+  for (int i = 0; i < count; ++i) {
+    if (static_cast<int>(in_flight.size()) == window) {
+      RDMABUF_RETURN_IF_ERROR(in_flight.front().wait(kTimeout));
+      in_flight.pop_front();
+    }
+    RDMABUF_ASSIGN_OR_RETURN(PendingSend sending, endpoint.post_send(message));
+    in_flight.push_back(std::move(sending));
   }
-  for (std::thread& t : threads)
-    t.join();
-  const double us = micros_since(start);
-  for (const Status& st : failed)
-    RDMABUF_RETURN_IF_ERROR(st);
-  return static_cast<double>(size) * count / (us * 1e3);
+  for (PendingSend& sending : in_flight)
+    RDMABUF_RETURN_IF_ERROR(sending.wait(kTimeout));
+  return static_cast<double>(size) * count / (micros_since(start) * 1e3);
 }
 
 }  // namespace
@@ -198,7 +188,7 @@ int cmd_bench_send(int argc, char** argv) {
     const int count = static_cast<int>(std::clamp<uint64_t>((256u << 20) / size, 64, 20000));
     std::vector<double> gbps;
     for (int r = 0; r < o.iters + 1; ++r) {
-      auto g = stream(endpoint, size, count, o.senders);
+      auto g = stream(endpoint, size, count, o.window);
       if (!g.ok()) return fail(g.status());
       if (r > 0) gbps.push_back(*g);  // the first is the warm-up
     }
@@ -250,9 +240,10 @@ int cmd_bench_send(int argc, char** argv) {
   }
   std::printf(
       "\nlatency: one message, half its ping-pong round trip (as tag_lat reports), p50 and p99;\n"
-      "bandwidth: messages sent back to back, %d at once (a thread each), median of %d runs;\n"
+      "bandwidth: messages sent back to back, %d posted at once by one thread, median of %d "
+      "runs;\n"
       "x: how many times faster rdmabuf is (above 1: faster). GB/s = 1e9 bytes/s.\n",
-      o.senders, o.iters);
+      o.window, o.iters);
   if (!run_ucx && o.compare_peer) {
     std::printf("(ucx_perftest %s: install ucx-utils to see UCX beside rdmabuf)\n",
                 ucx_tls.empty() ? "has no transport like this one" : "not found");

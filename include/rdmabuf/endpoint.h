@@ -22,8 +22,8 @@
 // Guarantees:
 // - Message boundaries: one send fills one receive; its size is returned.
 // - Order: messages arrive in the order their sends took credits (the
-//   order of send() calls from one thread). Receives are filled in the
-//   order they were posted.
+//   order of send() or post_send() calls from one thread). Receives are
+//   filled in the order they were posted.
 // - Flow control: a send waits until the peer has posted a receive, so a
 //   sender never overruns the receiver.
 // - A message larger than the posted receive fails both calls with
@@ -86,6 +86,34 @@ class PendingReceive {
   uint64_t seq_ = 0;
 };
 
+// A send posted with Endpoint::post_send, not yet waited for. Move-only.
+class PendingSend {
+ public:
+  PendingSend() = default;
+  PendingSend(PendingSend&& other) noexcept;
+  PendingSend& operator=(PendingSend&& other) noexcept;
+  // Cancels the send when it was not waited for, as a wait that times out
+  // at once does: once this returns, the library no longer reads the
+  // message's memory.
+  ~PendingSend();
+
+  // Waits until the message is in the peer's receive (or failed). Errors as
+  // Endpoint::send's, and kFailedPrecondition on a second call. At the
+  // deadline the send is cancelled: a message no receive took yet is not
+  // sent, and a one-sided write under way is cut short (the peer's receive
+  // then does not see it, and takes the next message).
+  Status wait(std::chrono::milliseconds timeout);
+
+ private:
+  friend class Endpoint;
+  PendingSend(std::shared_ptr<EndpointImpl> endpoint, uint64_t id);
+  explicit PendingSend(Status done);
+  std::shared_ptr<EndpointImpl> endpoint_;  // empty once finished
+  uint64_t id_ = 0;
+  bool waited_ = true;  // wait() was called, or there is nothing to wait for
+  Status done_;         // the outcome, when it was known when posted
+};
+
 // A tagged write (Endpoint::write) that has landed in this manager's memory.
 // The peer says what it wrote; the bytes were in place before it said so.
 struct Notification {
@@ -117,6 +145,19 @@ class Endpoint {
   // posted in time, or the write did not finish (then the peer's receive
   // does not see it); kUnavailable when the endpoint broke. Thread-safe.
   Status send(const LocalMemory& message, std::chrono::milliseconds timeout);
+
+  // send() in two steps: posts `message` now, and the outcome comes with
+  // PendingSend::wait, so that one thread can keep several messages in
+  // flight. Posted sends take the peer's receives in the order they were
+  // posted. A message of up to 4 KiB goes out at once when the peer has a
+  // receive posted; others move on whenever this endpoint is used (a post,
+  // a wait, a receive) or its thread wakes, with no caller needed, and a
+  // large message's one-sided write runs meanwhile, bounded by
+  // Config::default_timeout. `message` must stay valid and unchanged until
+  // the wait returns or the PendingSend is gone. A send whose receive was
+  // withdrawn goes to the next receive, and may then land after messages
+  // posted later.
+  Result<PendingSend> post_send(const LocalMemory& message);
 
   // Posts `into` for the next message and waits for it: its size.
   // kInvalidArgument when the message was larger than `into` (the sender's
@@ -181,7 +222,7 @@ class Endpoint {
   friend class Manager;
   friend class EndpointListener;
   explicit Endpoint(std::unique_ptr<EndpointImpl> impl);
-  std::shared_ptr<EndpointImpl> impl_;  // shared with its PendingReceives
+  std::shared_ptr<EndpointImpl> impl_;  // shared with its PendingReceives and PendingSends
 };
 
 class EndpointListener {

@@ -1071,6 +1071,90 @@ TEST_P(ConformanceTest, EndpointPostedReceivesFillInTheOrderPosted) {
       << "a receive is waited for once";
 }
 
+// One thread keeps a window of posted sends, queued before any receive is
+// posted: each message lands whole in its own receive, in the order posted,
+// inline-sized and one-sided ones mixed (with and without the receive's
+// handle in its credit), also an oversize one, which fails both sides alone.
+TEST_P(ConformanceTest, EndpointPostedSendsFromOneThreadLandInTheOrderPosted) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  std::vector<size_t> sizes;
+  for (size_t i = 0; i < 24; ++i)
+    sizes.push_back(i % 3 == 0 ? 100 + i : (i % 3 == 1 ? 65536 + i : 300000 + i));
+  const size_t oversize = 7;  // larger than its receive
+  sizes[oversize] = (1 << 20) + 1;
+  std::vector<LocalMemory> messages;
+  std::vector<PendingSend> sending;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    messages.push_back(with_pattern(sizes[i], 200 + i));
+    auto posted = sender->post_send(messages.back());
+    ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+    sending.push_back(std::move(posted).value());
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    SCOPED_TRACE("message " + std::to_string(i));
+    LocalMemory into = with_sentinel(1 << 20);
+    auto size = receiver->receive(into, kTimeout);
+    if (i == oversize) {
+      EXPECT_EQ(size.status().code(), StatusCode::kInvalidArgument) << size.status().to_string();
+      EXPECT_EQ(find_not(into.span(), kSentinel), std::nullopt) << "an oversize message landed";
+      continue;
+    }
+    ASSERT_TRUE(size.ok()) << size.status().to_string();
+    EXPECT_EQ(*size, sizes[i]);
+    EXPECT_EQ(find_mismatch(into.span().first(sizes[i]), 200 + i), std::nullopt);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    Status st = sending[i].wait(kTimeout);
+    EXPECT_EQ(st.code(), i == oversize ? StatusCode::kInvalidArgument : StatusCode::kOk)
+        << "send " << i << ": " << st.to_string();
+  }
+  EXPECT_EQ(sending[0].wait(kTimeout).code(), StatusCode::kFailedPrecondition)
+      << "a send is waited for once";
+}
+
+// A posted send that no receive took by its wait's deadline, or whose
+// PendingSend is dropped unwaited, is not sent: the next receive gets the
+// message sent after them.
+TEST_P(ConformanceTest, EndpointPostedSendCutShortIsNotSent) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  LocalMemory timed_out = with_pattern(65536, 1);
+  auto late = sender->post_send(timed_out);
+  ASSERT_TRUE(late.ok()) << late.status().to_string();
+  Status st = late->wait(100ms);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  {
+    LocalMemory dropped = with_pattern(100, 2);
+    auto unwaited = sender->post_send(dropped);
+    ASSERT_TRUE(unwaited.ok()) << unwaited.status().to_string();
+  }  // dropped unwaited: cancelled
+  LocalMemory into = with_sentinel(1 << 20);
+  auto receiving = receiver->post_receive(into);
+  ASSERT_TRUE(receiving.ok()) << receiving.status().to_string();
+  LocalMemory sent = with_pattern(4096, 3);
+  ASSERT_TRUE(sender->send(sent, kTimeout).ok());
+  auto size = receiving->wait(kTimeout);
+  ASSERT_TRUE(size.ok()) << size.status().to_string();
+  EXPECT_EQ(*size, 4096u);
+  EXPECT_EQ(find_mismatch(into.span().first(4096), 3), std::nullopt);
+  EXPECT_EQ(receiver->receive(into, 100ms).status().code(), StatusCode::kDeadlineExceeded)
+      << "a cancelled send arrived";
+}
+
+// A posted send whose endpoint closes fails, and lets go of its message.
+TEST_P(ConformanceTest, EndpointPostedSendFailsWhenTheEndpointCloses) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  LocalMemory message = with_pattern(65536, 4);
+  auto posted = sender->post_send(message);
+  ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+  receiver->close();
+  Status st = posted->wait(kTimeout);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  EXPECT_FALSE(sender->post_send(message).ok()) << "posting on a broken endpoint";
+}
+
 TEST_P(ConformanceTest, EndpointAbandonedReceiveTakesNoBytesAndTheNextGetsTheMessage) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
