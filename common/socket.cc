@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <memory>
 
@@ -231,6 +232,33 @@ Status send_exact(int fd, const void* data, size_t size, Deadline deadline, int 
     }
     if (n < 0 && errno == EINTR) continue;
     return Unavailable("send: " + errno_text(errno));
+  }
+  return Status::Ok();
+}
+
+Status send_gathered(int fd, std::span<iovec> pieces, Deadline deadline, int stop_fd) {
+  while (!pieces.empty() && pieces.front().iov_len == 0)
+    pieces = pieces.subspan(1);
+  while (!pieces.empty()) {
+    msghdr message{};
+    message.msg_iov = pieces.data();
+    message.msg_iovlen = std::min<size_t>(pieces.size(), IOV_MAX);
+    ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      RDMABUF_RETURN_IF_ERROR(wait_fd(fd, POLLOUT, deadline, stop_fd));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Unavailable("sendmsg: " + errno_text(errno));
+    auto sent = static_cast<size_t>(n);
+    while (!pieces.empty() && sent >= pieces.front().iov_len) {
+      sent -= pieces.front().iov_len;
+      pieces = pieces.subspan(1);
+    }
+    if (sent > 0) {
+      pieces.front().iov_base = static_cast<char*>(pieces.front().iov_base) + sent;
+      pieces.front().iov_len -= sent;
+    }
   }
   return Status::Ok();
 }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -82,6 +83,9 @@ Status wait_fd(int fd, short events, Deadline deadline, int stop_fd = -1);
 // socket. kUnavailable when the peer closes or errors; kDeadlineExceeded.
 Status send_exact(int fd, const void* data, size_t size, Deadline deadline, int stop_fd = -1);
 Status recv_exact(int fd, void* data, size_t size, Deadline deadline, int stop_fd = -1);
+// send_exact of the bytes of `pieces` in turn, gathered by the kernel (no
+// copy to join them). The iovecs are consumed: partly sent ones advanced.
+Status send_gathered(int fd, std::span<iovec> pieces, Deadline deadline, int stop_fd = -1);
 
 // A non-blocking eventfd that can be waited on by the helpers above.
 Result<Fd> make_eventfd();

@@ -8,9 +8,12 @@
 //   messages  kPosted (a receive: its seq, capacity and handle; a credit),
 //             answered by exactly one of kSent (the message is in the
 //             buffer), kSentInline (the message itself, when small),
-//             kTooLarge (it does not fit; both calls fail) or kNotTaken
-//             (nothing was written; after kWithdrawn, the receiver giving
-//             up on a receive whose buffer it released already).
+//             kSentPart (the message itself, in as many frames as it
+//             takes, when the channel is the better way for its size; see
+//             stream_limit_), kTooLarge (it does not fit; both calls fail)
+//             or kNotTaken (nothing was written; after kWithdrawn, the
+//             receiver giving up on a receive whose buffer it released
+//             already).
 //   handles   kBuffer.
 //             A receive too large for an inline message registers its
 //             memory when it is posted, or, while the messages lately
@@ -55,11 +58,25 @@ namespace rdmabuf {
 namespace {
 
 constexpr uint32_t kMagic = 0x50454252;  // "RBEP"
-constexpr uint16_t kVersion = 2;         // 2: the channel offer after the hellos
+constexpr uint16_t kVersion = 3;         // 2: the channel offer; 3: messages in parts
 // Messages up to this size travel inside the control frame (one frame, no
 // one-sided write): small messages cost one trip, not three.
 constexpr uint64_t kInlineLimit = 4096;
 constexpr uint32_t kMaxPayload = 8192;  // an inline message, or a handle
+// The bytes of a message a kSentPart frame carries, at most: a whole frame.
+constexpr uint64_t kPartBytes = kMaxPayload - 2 * sizeof(uint64_t);
+// Parts written at once (one hold of the write lock, one send): other
+// frames go out between these, so a long message delays them little.
+constexpr int kPartsPerWrite = 8;
+// Messages up to this size travel in parts through the shared-memory
+// channel rather than by a one-sided write: two copies, but on two cores
+// at once, with no system call and no pinning of pages (see
+// docs/performance.md, "Messages over endpoints").
+constexpr uint64_t kShmStreamLimit = uint64_t{1} << 62;
+// Over a TCP channel, messages up to this size travel in parts when a
+// one-sided write would go over TCP anyway (no RDMA backend here): one
+// trip on one connection, rather than a write, its reply and a kSent.
+constexpr uint64_t kTcpStreamLimit = 64 * 1024;
 constexpr size_t kHeaderSize = 5;
 // Handles passed (kBuffer) and not yet taken by receive_buffer: beyond this
 // the peer is flooding us and the endpoint is closed.
@@ -102,6 +119,7 @@ enum class Frame : uint8_t {
   kChannelAnswer = 15,
   kHandleWanted = 16,
   kReceiveHandle = 17,
+  kSentPart = 18,
 };
 
 // Builds a frame: the header, then fields appended with the writer.
@@ -294,6 +312,17 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
   return channel;
 }
 
+// Over a TCP channel: the size up to which messages travel in parts. Only
+// while a one-sided write would copy with the CPU over TCP too: an RDMA
+// backend here moves large messages better (the NIC writes them, and the
+// control connection stays free).
+uint64_t tcp_stream_limit(Manager& manager) {
+  for (const BackendInfo& backend : manager.backends()) {
+    if (backend.viable && backend.name != "tcp" && backend.name != "memory") return kInlineLimit;
+  }
+  return kTcpStreamLimit;
+}
+
 Deadline deadline_after(std::chrono::milliseconds timeout) {
   return Clock::now() + timeout;
 }
@@ -316,7 +345,8 @@ class EndpointImpl {
         events_(std::move(events)),
         in_(std::make_unique<uint8_t[]>(kInCapacity)),
         peer_(std::move(peer)),
-        peer_manager_id_(peer_manager_id) {
+        peer_manager_id_(peer_manager_id),
+        stream_limit_(shm_ ? kShmStreamLimit : tcp_stream_limit(manager)) {
     reader_ = std::thread([this] { serve(); });
     lease_keeper_ = std::thread([this] { keep_leases(); });
   }
@@ -360,8 +390,8 @@ class EndpointImpl {
   // --- messages: sends ----------------------------------------------------------
   //
   // Posted sends take the peer's credits in the order they were posted. A
-  // matched send that one frame answers (an inline message, or kTooLarge)
-  // is done once that frame is written. A larger message asks for the
+  // matched send that frames answer (an inline message, one in parts, or
+  // kTooLarge) is done once they are written. A larger message asks for the
   // receive's handle when its credit came without one, then is a one-sided
   // write submitted without waiting, then a kSent frame. Whoever comes by
   // moves posted sends on (progress_sends): a caller posting or waiting, a
@@ -378,11 +408,11 @@ class EndpointImpl {
     {
       std::unique_lock lock(mu_);
       RDMABUF_RETURN_IF_ERROR(broken_);
-      if (queued_sends_.empty() && !credits_.empty() && answered_by_one_frame(message)) {
+      if (queued_sends_.empty() && !credits_.empty() && answered_by_frames(message)) {
         Credit credit = std::move(credits_.front());
         credits_.pop_front();
         lock.unlock();
-        return std::variant<Status, uint64_t>(send_in_one_frame(credit, message));
+        return std::variant<Status, uint64_t>(send_in_frames(credit, message));
       }
       id = next_send_++;
       Outgoing& out = sends_[id];
@@ -601,8 +631,10 @@ class EndpointImpl {
     Status status;            // kDone
   };
 
-  bool answered_by_one_frame(const LocalMemory& message) const {
-    return message.size() <= kInlineLimit || message.size() > credits_.front().capacity;
+  // Whether the frames the sender writes answer the oldest credit with
+  // `message` (lock held): no one-sided write (see send_in_frames).
+  bool answered_by_frames(const LocalMemory& message) const {
+    return message.size() <= stream_limit_ || message.size() > credits_.front().capacity;
   }
 
   // Something for progress_sends() to do (mu_ held).
@@ -610,8 +642,10 @@ class EndpointImpl {
     return (!queued_sends_.empty() && !credits_.empty()) || !send_events_.empty();
   }
 
-  // Answers `credit` with one frame: the message itself, or kTooLarge.
-  Status send_in_one_frame(const Credit& credit, const LocalMemory& message) {
+  // Answers `credit` with frames: kTooLarge when `message` does not fit;
+  // else the message itself, in one kSentInline frame when small, or in
+  // kSentPart frames, kPartsPerWrite at a time.
+  Status send_in_frames(const Credit& credit, const LocalMemory& message) {
     const uint64_t size = message.size();
     if (size > credit.capacity) {
       RDMABUF_RETURN_IF_ERROR(
@@ -620,9 +654,32 @@ class EndpointImpl {
                              " bytes does not fit the receive the peer posted (" +
                              std::to_string(credit.capacity) + " bytes)");
     }
-    FrameBuilder inline_message(Frame::kSentInline, sizeof(uint64_t));
-    inline_message.u64(credit.seq);
-    return write_frame(inline_message, {reinterpret_cast<const uint8_t*>(message.data()), size});
+    const auto* bytes = reinterpret_cast<const uint8_t*>(message.data());
+    if (size <= kInlineLimit) {
+      FrameBuilder inline_message(Frame::kSentInline, sizeof(uint64_t));
+      inline_message.u64(credit.seq);
+      return write_frame(inline_message, {bytes, size});
+    }
+    std::vector<uint8_t> heads;  // each part's header and fields, back to back
+    std::vector<std::span<const uint8_t>> pieces;
+    for (uint64_t at = 0; at < size;) {
+      heads.clear();
+      pieces.clear();
+      // Reserved up front: `pieces` points into `heads`.
+      heads.reserve(kPartsPerWrite * (kHeaderSize + 2 * sizeof(uint64_t)));
+      for (int i = 0; i < kPartsPerWrite && at < size; ++i) {
+        const uint64_t n = std::min(kPartBytes, size - at);
+        FrameBuilder part(Frame::kSentPart, 2 * sizeof(uint64_t));
+        part.u64(credit.seq).u64(size);
+        const std::vector<uint8_t> head = part.done(n);
+        heads.insert(heads.end(), head.begin(), head.end());
+        pieces.emplace_back(heads.data() + heads.size() - head.size(), head.size());
+        pieces.emplace_back(bytes + at, n);
+        at += n;
+      }
+      RDMABUF_RETURN_IF_ERROR(write_pieces(pieces));
+    }
+    return Status::Ok();
   }
 
   // Moves posted sends on as far as they go without waiting for the peer:
@@ -637,10 +694,10 @@ class EndpointImpl {
         Outgoing& out = sends_.at(id);
         out.credit = std::move(credits_.front());
         credits_.pop_front();
-        if (out.message.size() <= kInlineLimit || out.message.size() > out.credit.capacity) {
+        if (out.message.size() <= stream_limit_ || out.message.size() > out.credit.capacity) {
           out.stage = Stage::kBusy;
           lock.unlock();
-          Status sent = send_in_one_frame(out.credit, out.message);
+          Status sent = send_in_frames(out.credit, out.message);
           lock.lock();
           finish(out, std::move(sent));
           continue;
@@ -793,11 +850,13 @@ class EndpointImpl {
                               : answered);
   }
 
-  // `out` is done with `status` (lock held).
+  // `out` is done with `status` (lock held). Its wait may be the reader
+  // role's holder, asleep on the channel rather than on cv_: woken too.
   void finish(Outgoing& out, Status status) {
     out.stage = Stage::kDone;
     out.status = std::move(status);
     cv_.notify_all();
+    if (reading_ && reader_id_ != std::this_thread::get_id()) signal_eventfd(sends_wake_.get());
   }
 
   // Ends posted send `id` before its time, at its wait's deadline or once
@@ -870,6 +929,9 @@ class EndpointImpl {
     bool answered = false;
     Status status;  // kSent: OK; kTooLarge: InvalidArgument; kNotTaken: DeadlineExceeded
     uint64_t size = 0;
+    // A message coming in kSentPart frames: its size, and the bytes come.
+    uint64_t parts_size = 0;
+    uint64_t parts_came = 0;
   };
   // Memory this side lent to the peer.
   struct Lent {
@@ -931,13 +993,17 @@ class EndpointImpl {
     Status st;
     {
       std::lock_guard lock(write_mu_);
-      if (!shm_ || !deferred_.empty()) {  // one buffer: one send, or one copy into the ring
+      if (deferred_.empty()) {
+        st = transmit(pieces);
+      } else if (shm_) {  // one copy into the ring
         for (const auto& piece : pieces)
           deferred_.insert(deferred_.end(), piece.begin(), piece.end());
         const std::span<const uint8_t> all[] = {deferred_};
         st = transmit(all);
-      } else {
-        st = transmit(pieces);
+      } else {  // one send, the frames held back first
+        std::vector<std::span<const uint8_t>> all = {deferred_};
+        all.insert(all.end(), pieces.begin(), pieces.end());
+        st = transmit(all);
       }
       deferred_.clear();
       has_deferred_.store(false);
@@ -949,17 +1015,16 @@ class EndpointImpl {
   }
 
   // Writes the bytes of `pieces` (whole frames) into the control channel
-  // (write_mu_ held): the TCP connection (callers merge them into one piece
-  // there, one send), or the shared ring and then a doorbell when the peer's
-  // reader asked for one.
+  // (write_mu_ held): the TCP connection (one gathered send), or the shared
+  // ring and then a doorbell when the peer's reader asked for one.
   Status transmit(std::span<const std::span<const uint8_t>> pieces) {
     const Deadline deadline = Clock::now() + kFrameWriteLimit;
     if (!shm_) {
-      for (const auto& piece : pieces) {
-        RDMABUF_RETURN_IF_ERROR(
-            send_exact(fd_.get(), piece.data(), piece.size(), deadline, stop_.get()));
-      }
-      return Status::Ok();
+      std::vector<iovec> gathered;
+      gathered.reserve(pieces.size());
+      for (const auto& piece : pieces)
+        gathered.push_back({const_cast<uint8_t*>(piece.data()), piece.size()});
+      return send_gathered(fd_.get(), gathered, deadline, stop_.get());
     }
     size_t size = 0;
     for (const auto& piece : pieces)
@@ -1094,6 +1159,7 @@ class EndpointImpl {
       if (now >= deadline) return false;
       if (may_lead() && read_mu_.try_lock()) {
         reading_ = true;
+        reader_id_ = std::this_thread::get_id();
         lock.unlock();
         lead(deadline, ready);
         lock.lock();
@@ -1159,6 +1225,7 @@ class EndpointImpl {
     std::lock_guard lock(mu_);
     if (reading_ || !read_mu_.try_lock()) return false;
     reading_ = true;
+    reader_id_ = std::this_thread::get_id();
     return true;
   }
 
@@ -1177,15 +1244,17 @@ class EndpointImpl {
   }
 
   // Between two looks at the control channel while spinning. A look at the
-  // shared ring is a load, so a CPU pause is enough; a look at the socket is
-  // a system call, and a yield lets other threads run meanwhile.
+  // shared ring is a load: spin on it, a CPU pause at a time (about 25 ns
+  // here), for as long as a look at everything else would take about ten
+  // times over, and stop as soon as bytes come. A look at the socket is a
+  // system call, and a yield lets other threads run meanwhile.
   void relax() {
     if (!shm_) {
       std::this_thread::yield();
       return;
     }
 #if defined(__x86_64__) || defined(__i386__)
-    for (int i = 0; i < 32; ++i)
+    for (int i = 0; i < 32 && !shm_->has_incoming(); ++i)
       __builtin_ia32_pause();
 #else
     std::this_thread::yield();
@@ -1272,6 +1341,7 @@ class EndpointImpl {
         progressed = true;
       }
       if (read_once) return Status::Ok();
+      if (shm_ && in_begin_ == in_end_) RDMABUF_RETURN_IF_ERROR(take_parts_in_place(progressed));
       // Keep what is left of a frame at the front, then read more.
       std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
       in_end_ -= in_begin_;
@@ -1280,6 +1350,33 @@ class EndpointImpl {
       if (n == 0) return Status::Ok();
       in_end_ += n;
       read_once = true;
+    }
+  }
+
+  // Shared-memory channel, nothing buffered: takes the kSentPart frames at
+  // the front of the ring where they lie, so that a message's bytes are
+  // copied once on this side (ring to receive), not twice. Stops at any
+  // other frame, or one that is not whole in one piece: pump() copies those.
+  Status take_parts_in_place(bool& progressed) {
+    constexpr size_t kFields = 2 * sizeof(uint64_t);
+    while (true) {
+      RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
+      if (ring.size() < kHeaderSize + kFields) return Status::Ok();
+      uint8_t fields[kHeaderSize + kFields];  // a copy: the peer may write the ring meanwhile
+      std::memcpy(fields, ring.data(), sizeof fields);
+      WireReader r(fields);
+      const uint32_t size = r.get<uint32_t>();
+      const auto type = static_cast<Frame>(r.get<uint8_t>());
+      const uint64_t seq = r.get<uint64_t>();
+      const uint64_t message_size = r.get<uint64_t>();
+      if (type != Frame::kSentPart || size <= kFields || size > kMaxPayload ||
+          ring.size() < kHeaderSize + size) {
+        return Status::Ok();
+      }
+      RDMABUF_RETURN_IF_ERROR(
+          take_part(seq, message_size, ring.subspan(kHeaderSize + kFields, size - kFields)));
+      shm_->consume(kHeaderSize + size);
+      progressed = true;
     }
   }
 
@@ -1300,6 +1397,46 @@ class EndpointImpl {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
       return Unavailable("recv: " + errno_text(errno));
     }
+  }
+
+  // The next bytes of the message for receive `seq`, `size` bytes in all:
+  // copied into the receive's memory, which the receive is answered with
+  // once every byte came (an abandoned one drops them).
+  Status take_part(uint64_t seq, uint64_t size, std::span<const uint8_t> data) {
+    std::lock_guard lock(mu_);
+    auto it = waiting_.find(seq);
+    if (it == waiting_.end() || it->second.answered) {
+      return ProtocolError("endpoint message part for receive " + std::to_string(seq) +
+                           ", which is not waiting");
+    }
+    Receive& receive = it->second;
+    if (receive.parts_came == 0) {
+      if (size > receive.into.size()) {
+        return ProtocolError("the peer says it sent more than the receive holds");
+      }
+      receive.parts_size = size;
+    } else if (size != receive.parts_size) {
+      return ProtocolError("the parts of one endpoint message disagree on its size");
+    }
+    if (data.size() > size - receive.parts_came) {
+      return ProtocolError("an endpoint message part beyond the message's end");
+    }
+    // Under the lock: the receive has not returned, nor been abandoned
+    // (abandon_receive marks it under the lock), so `into` is valid.
+    if (!receive.abandoned) {
+      std::memcpy(receive.into.data() + receive.parts_came, data.data(), data.size());
+    }
+    receive.parts_came += data.size();
+    if (receive.parts_came < size) return Status::Ok();
+    if (receive.abandoned) {
+      waiting_.erase(it);
+      return Status::Ok();
+    }
+    receive.answered = true;
+    receive.size = size;
+    receive.status = Status::Ok();
+    register_when_posted_.store(false, std::memory_order_relaxed);  // parts need no handle
+    return Status::Ok();
   }
 
   bool notes_full() {
@@ -1428,6 +1565,10 @@ class EndpointImpl {
                                ", which is not waiting");
         }
         Receive& receive = it->second;
+        if (receive.parts_came != 0) {
+          return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
+                               ", amid its message's parts");
+        }
         if (receive.abandoned) {
           waiting_.erase(it);  // nobody waits for it; its memory is not ours to fill
           break;
@@ -1454,6 +1595,13 @@ class EndpointImpl {
           receive.status = DeadlineExceeded("no message came in time");
         }
         break;
+      }
+      case Frame::kSentPart: {
+        const uint64_t seq = r.get<uint64_t>();
+        const uint64_t size = r.get<uint64_t>();
+        auto data = r.view(r.remaining());
+        if (!r.ok() || data.empty()) return ProtocolError("malformed endpoint message part");
+        return take_part(seq, size, data);
       }
       case Frame::kWithdrawn: {
         const uint64_t seq = r.get<uint64_t>();
@@ -1749,6 +1897,7 @@ class EndpointImpl {
   std::condition_variable leases_cv_;   // the lease keeper
   Status broken_;                       // OK while usable
   bool reading_ = false;                // the reader role is held
+  std::thread::id reader_id_;           // by this thread, while reading_
   std::deque<Notification> notes_;      // for the endpoint's thread to deliver
   std::deque<Credit> credits_;          // the peer's receives, not yet taken
   std::map<uint64_t, bool> in_send_;    // taken credits: withdrawn meanwhile?
@@ -1775,6 +1924,10 @@ class EndpointImpl {
   // Whether a receive too large for an inline message registers its memory
   // when posted: while the messages lately were too (see post_receive).
   std::atomic<bool> register_when_posted_{true};
+  // Messages of more than kInlineLimit bytes and up to this size travel in
+  // kSentPart frames through the control channel; larger ones by a
+  // one-sided write.
+  const uint64_t stream_limit_;
   std::mutex join_mu_;
   std::thread reader_;
   std::thread lease_keeper_;

@@ -189,6 +189,23 @@ Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
   return n;
 }
 
+Result<std::span<const uint8_t>> ShmChannel::peek() {
+  const uint64_t tail = shared(layout().rings[in_].tail).load(std::memory_order_acquire);
+  const uint64_t held = tail - in_head_;
+  if (held > kRingBytes) return ProtocolError("the peer corrupted the endpoint's shared ring");
+  const size_t at = in_head_ & (kRingBytes - 1);
+  return std::span<const uint8_t>(ring_data(in_) + at, std::min<size_t>(held, kRingBytes - at));
+}
+
+void ShmChannel::consume(size_t size) {
+  in_head_ += size;
+  shared(layout().rings[in_].head).store(in_head_, std::memory_order_release);
+}
+
+bool ShmChannel::has_incoming() const {
+  return shared(layout().rings[in_].tail).load(std::memory_order_acquire) != in_head_;
+}
+
 bool ShmChannel::request_doorbell() {
   RingControl& ring = layout().rings[in_];
   shared(ring.doorbell).store(1, std::memory_order_seq_cst);

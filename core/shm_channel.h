@@ -66,6 +66,17 @@ class ShmChannel {
   // Copies up to `size` bytes out of the incoming ring: how many, 0 when it
   // is empty. kProtocolError when the peer corrupted the ring.
   Result<size_t> read_some(uint8_t* out, size_t size);
+  // Whether the incoming ring holds bytes: one load, for a reader that
+  // spins.
+  bool has_incoming() const;
+  // The bytes the incoming ring holds from the read position on, as far as
+  // they lie in one piece (to the ring's end): a view into the shared file,
+  // for a reader that takes them in place, then calls consume(). The peer
+  // can write into them meanwhile: check a copy, never the view twice.
+  // kProtocolError when the peer corrupted the ring.
+  Result<std::span<const uint8_t>> peek();
+  // Gives `size` bytes of a peek() back to the writer (at most those).
+  void consume(size_t size);
 
   // Doorbells. A reader that found the incoming ring empty and is about to
   // sleep on the TCP connection calls request_doorbell() first: false when

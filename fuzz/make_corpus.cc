@@ -284,6 +284,10 @@ void write_endpoint_frames(CorpusWriter& out) {
   out.write("sent_and_too_large.bin",
             stream({raw_frame(RawFrame::kTooLarge, RawPayload().u64(0).u64(65)),
                     raw_frame(RawFrame::kSent, RawPayload().u64(1).u64(100))}));
+  out.write("message_in_parts.bin",
+            stream({raw_frame(RawFrame::kSentPart, RawPayload().u64(0).u64(8).bytes(hello)),
+                    raw_frame(RawFrame::kSentPart,
+                              RawPayload().u64(0).u64(8).bytes(std::span(hello).first(3)))}));
   out.write("not_taken.bin", raw_frame(RawFrame::kNotTaken, RawPayload().u64(0).u64(0)));
   out.write("credits_and_withdrawal.bin",
             stream({raw_frame(RawFrame::kPosted, RawPayload().u64(0).u64(64).blob("")),

@@ -10,14 +10,17 @@
 //
 // How a message moves: receive() posts a credit to the peer over the
 // endpoint's control connection; send() takes the oldest credit. A message
-// of up to 4 KiB travels inside a control frame. A larger one is written
+// of up to 4 KiB travels inside a control frame. A larger one travels in
+// parts through the control channel where that is the better way (through
+// shared memory between two managers on one host, always; over TCP, up to
+// 64 KiB, when the sender has no RDMA backend). Otherwise it is written
 // into the receive's memory with an ordinary one-sided write (so it travels
 // over the best transport the two managers share, with the same backend
 // choice, fallback and reasons as every other op), then the receiver is
 // told its size. For that the receive registers its memory with the
-// manager: when posted, while the messages lately were large, and otherwise
-// when the sender asks for it. Control frames travel over TCP, or through
-// shared memory between two managers on one host (see channel()).
+// manager: when posted, while the messages lately were written so, and
+// otherwise when the sender asks for it. Control frames travel over TCP, or
+// through shared memory between two managers on one host (see channel()).
 //
 // Guarantees:
 // - Message boundaries: one send fills one receive; its size is returned.

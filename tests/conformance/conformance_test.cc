@@ -1182,11 +1182,56 @@ TEST_P(ConformanceTest, EndpointAbandonedReceiveTakesNoBytesAndTheNextGetsTheMes
   EXPECT_EQ(sender->send(with_pattern(100, 62), 200ms).code(), StatusCode::kDeadlineExceeded);
 }
 
+// A receive abandoned while a long message streams or is written into it
+// takes no byte once abandoned. The message then lands in the next
+// receive or nowhere, whole or not at all. Rounds with different delays,
+// so that the abandonment comes before, during and after the message.
+TEST_P(ConformanceTest, EndpointReceiveAbandonedAmidALongMessageTakesNoMoreBytes) {
+  if (backend() == "ibverbs") {
+    GTEST_SKIP() << "over ibverbs a write in flight while its target is deregistered can run to "
+                    "its deadline (a known limitation, README.md, ibverbs)";
+  }
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  constexpr size_t kLong = 4 << 20;
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    LocalMemory abandoned = with_sentinel(kLong);
+    std::optional<PendingReceive> posted;
+    {
+      auto receive = receiver->post_receive(abandoned);
+      ASSERT_TRUE(receive.ok()) << receive.status().to_string();
+      posted = std::move(receive).value();
+    }
+    const uint8_t seed = static_cast<uint8_t>(90 + round);
+    auto sending = std::async(std::launch::async, [&, &sender = sender] {
+      return sender->send(with_pattern(kLong, seed), kTimeout);
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(200 * round));
+    posted.reset();  // abandoned: from here on no byte may land
+    const std::vector<std::byte> seen(abandoned.span().begin(), abandoned.span().end());
+    LocalMemory next = with_sentinel(kLong);
+    auto landed = receiver->post_receive(next);
+    ASSERT_TRUE(landed.ok()) << landed.status().to_string();
+    ASSERT_TRUE(sending.get().ok());
+    auto size = landed->wait(200ms);
+    if (size.ok()) {
+      EXPECT_EQ(*size, kLong);
+      EXPECT_EQ(find_mismatch(next.span(), seed), std::nullopt) << "not whole in the next receive";
+    } else {
+      EXPECT_EQ(size.status().code(), StatusCode::kDeadlineExceeded) << size.status().to_string();
+    }
+    EXPECT_TRUE(std::equal(seen.begin(), seen.end(), abandoned.span().begin()))
+        << "bytes landed in the receive after it was abandoned";
+  }
+}
+
 // After inline messages a large receive is posted without a handle; the
-// sender asks for one when its message needs it. A receive that times out
-// while that question crosses it either returns the message, late, or
-// leaves it to the next receive: never lost, never twice. Rounds with
-// different timeouts, so that the withdrawal lands before, during and
+// sender asks for one when its message needs it (or, where the channel
+// carries messages this large itself, streams it in parts). A receive that
+// times out while that question crosses it either returns the message,
+// late, or leaves it to the next receive: never lost, never twice. Rounds
+// with different timeouts, so that the withdrawal lands before, during and
 // after the sender's question.
 TEST_P(ConformanceTest, EndpointLargeMessageRacingAWithdrawalArrivesOnce) {
   if (backend() == "ibverbs") {
@@ -1199,6 +1244,7 @@ TEST_P(ConformanceTest, EndpointLargeMessageRacingAWithdrawalArrivesOnce) {
   }
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
+  constexpr size_t kLarge = 256 << 10;  // past what a TCP channel streams
   for (int round = 0; round < 20; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     LocalMemory small = with_sentinel(100);
@@ -1211,19 +1257,19 @@ TEST_P(ConformanceTest, EndpointLargeMessageRacingAWithdrawalArrivesOnce) {
     ASSERT_TRUE(racing.ok()) << racing.status().to_string();
     const uint8_t seed = static_cast<uint8_t>(71 + round);
     auto sending = std::async(std::launch::async, [&, &sender = sender] {
-      return sender->send(with_pattern(65536, seed), kTimeout);
+      return sender->send(with_pattern(kLarge, seed), kTimeout);
     });
     auto got = racing->wait(std::chrono::milliseconds(round % 4));
     if (got.ok()) {
-      EXPECT_EQ(*got, 65536u);
-      EXPECT_EQ(find_mismatch(first.span().first(65536), seed), std::nullopt);
+      EXPECT_EQ(*got, kLarge);
+      EXPECT_EQ(find_mismatch(first.span().first(kLarge), seed), std::nullopt);
     } else {
       EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded) << got.status().to_string();
       LocalMemory next = with_sentinel(1 << 20);
       auto size = receiver->receive(next, kTimeout);
       ASSERT_TRUE(size.ok()) << size.status().to_string();
-      EXPECT_EQ(*size, 65536u);
-      EXPECT_EQ(find_mismatch(next.span().first(65536), seed), std::nullopt);
+      EXPECT_EQ(*size, kLarge);
+      EXPECT_EQ(find_mismatch(next.span().first(kLarge), seed), std::nullopt);
     }
     EXPECT_TRUE(sending.get().ok());
   }

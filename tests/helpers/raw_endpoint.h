@@ -42,6 +42,7 @@ enum class RawFrame : uint8_t {
   kChannelAnswer = 15,
   kHandleWanted = 16,
   kReceiveHandle = 17,
+  kSentPart = 18,
 };
 
 // Little-endian fields, appended.
@@ -93,7 +94,7 @@ inline uint64_t read_u64_le(std::span<const uint8_t> bytes, size_t at) {
 class RawEndpointPeer {
  public:
   static constexpr uint32_t kMagic = 0x50454252;
-  static constexpr uint16_t kVersion = 2;
+  static constexpr uint16_t kVersion = 3;
 
   // Connects to `address` and sends the hello and a channel offer that
   // declines shared memory. The real side's answers are read by finish()

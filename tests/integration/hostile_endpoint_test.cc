@@ -239,6 +239,86 @@ TEST_F(HostileEndpointTest, APassedHandleThatDoesNotDecodeClosesTheEndpoint) {
       "the peer passed a bad handle");
 }
 
+TEST_F(HostileEndpointTest, AMessagePartLargerThanTheReceiveClosesTheEndpoint) {
+  expect_cut_off(
+      [](uint64_t seq) {
+        const std::vector<uint8_t> some(16, 'x');
+        return raw_frame(RawFrame::kSentPart,
+                         RawPayload().u64(seq).u64(kReceiveBytes + 1).bytes(some));
+      },
+      "sent more than the receive holds");
+}
+
+TEST_F(HostileEndpointTest, AMessagePartBeyondItsMessagesEndClosesTheEndpoint) {
+  expect_cut_off(
+      [](uint64_t seq) {
+        const std::vector<uint8_t> five(5, 'x');
+        return raw_frame(RawFrame::kSentPart, RawPayload().u64(seq).u64(3).bytes(five));
+      },
+      "beyond the message's end");
+}
+
+TEST_F(HostileEndpointTest, AnEmptyMessagePartClosesTheEndpoint) {
+  expect_cut_off(
+      [](uint64_t seq) { return raw_frame(RawFrame::kSentPart, RawPayload().u64(seq).u64(8)); },
+      "malformed endpoint message part");
+}
+
+// A first part that is fine, then one that lies: the endpoint closes, and
+// the receive fails (its memory holds the first part: the peer sent that).
+TEST_F(HostileEndpointTest, MessagePartsThatContradictThemselvesCloseTheEndpoint) {
+  const std::vector<uint8_t> ten(10, 'p');
+  const std::vector<std::pair<std::vector<uint8_t>, std::string>> lies = {
+      {raw_frame(RawFrame::kSentPart, RawPayload().u64(0).u64(40).bytes(ten)), "disagree"},
+      {raw_frame(RawFrame::kSentInline, RawPayload().u64(0).bytes(ten)), "amid"},
+      {raw_frame(RawFrame::kSent, RawPayload().u64(0).u64(20)), "amid"},
+  };
+  for (const auto& [lie, fault] : lies) {
+    SCOPED_TRACE("fault: " + fault);
+    std::optional<RawEndpointPeer> raw;
+    auto endpoint = connect(raw);
+    ASSERT_TRUE(endpoint);
+    LocalMemory into = allocate(kReceiveBytes);
+    std::optional<PendingReceive> pending;
+    auto seq = post(*endpoint, *raw, into, pending);
+    ASSERT_EQ(seq, 0u);
+    ASSERT_TRUE(raw->send(raw_frame(RawFrame::kSentPart, RawPayload().u64(0).u64(20).bytes(ten))));
+    ASSERT_TRUE(raw->send(lie));
+    auto got = pending->wait(kTimeout);
+    ASSERT_FALSE(got.ok()) << "the receive took " << *got << " bytes from lying parts";
+    EXPECT_EQ(got.status().code(), StatusCode::kProtocolError) << got.status().to_string();
+    EXPECT_NE(got.status().message().find(fault), std::string::npos) << got.status().to_string();
+    EXPECT_TRUE(raw->closed_by_peer(kFrameWait)) << "the real side kept the connection";
+  }
+  expect_manager_still_serves();
+}
+
+TEST_F(HostileEndpointTest, AMessageInPartsArrivesWhole) {
+  std::optional<RawEndpointPeer> raw;
+  auto endpoint = connect(raw);
+  ASSERT_TRUE(endpoint);
+  LocalMemory into = allocate(kReceiveBytes);
+  std::memset(into.data(), 0xCD, into.size());
+  std::optional<PendingReceive> pending;
+  auto seq = post(*endpoint, *raw, into, pending);
+  ASSERT_TRUE(seq.has_value());
+  std::vector<uint8_t> message(50);
+  for (size_t i = 0; i < message.size(); ++i)
+    message[i] = static_cast<uint8_t>(i * 7 + 1);
+  const std::span<const uint8_t> all(message);
+  for (auto [at, n] : {std::pair<size_t, size_t>{0, 1}, {1, 30}, {31, 19}}) {
+    ASSERT_TRUE(
+        raw->send(raw_frame(RawFrame::kSentPart,
+                            RawPayload().u64(*seq).u64(message.size()).bytes(all.subspan(at, n)))));
+  }
+  auto got = pending->wait(kTimeout);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(*got, message.size());
+  EXPECT_EQ(std::memcmp(into.data(), message.data(), message.size()), 0);
+  EXPECT_EQ(into.data()[message.size()], std::byte{0xCD}) << "the parts wrote past the message";
+  expect_message_arrives(*endpoint, *raw, "and the next one too");
+}
+
 TEST_F(HostileEndpointTest, ASecondAnswerForOneReceiveClosesTheEndpoint) {
   std::optional<RawEndpointPeer> raw;
   auto endpoint = connect(raw);
