@@ -990,52 +990,44 @@ class EndpointImpl {
 
   // Writes `pieces` (whole frames, together), after the deferred frames.
   Status write_pieces(std::span<const std::span<const uint8_t>> pieces) {
-    Status st;
-    {
-      std::lock_guard lock(write_mu_);
-      if (deferred_.empty()) {
-        st = transmit(pieces);
-      } else if (shm_) {  // one copy into the ring
-        for (const auto& piece : pieces)
-          deferred_.insert(deferred_.end(), piece.begin(), piece.end());
-        const std::span<const uint8_t> all[] = {deferred_};
-        st = transmit(all);
-      } else {  // one send, the frames held back first
-        std::vector<std::span<const uint8_t>> all = {deferred_};
-        all.insert(all.end(), pieces.begin(), pieces.end());
-        st = transmit(all);
-      }
-      deferred_.clear();
-      has_deferred_.store(false);
-    }
+    Status st = shm_ ? write_to_ring(pieces) : write_to_socket(pieces);
     if (st.ok()) return st;
     // A frame cut short leaves the stream unusable: close it for both.
     break_with(Unavailable("the endpoint broke while sending: " + st.message()));
     return usable();
   }
 
-  // Writes the bytes of `pieces` (whole frames) into the control channel
-  // (write_mu_ held): the TCP connection (one gathered send), or the shared
-  // ring and then a doorbell when the peer's reader asked for one.
-  Status transmit(std::span<const std::span<const uint8_t>> pieces) {
-    const Deadline deadline = Clock::now() + kFrameWriteLimit;
-    if (!shm_) {
-      std::vector<iovec> gathered;
-      gathered.reserve(pieces.size());
-      for (const auto& piece : pieces)
-        gathered.push_back({const_cast<uint8_t*>(piece.data()), piece.size()});
-      return send_gathered(fd_.get(), gathered, deadline, stop_.get());
-    }
-    size_t size = 0;
+  // The TCP connection: the frames held back, then `pieces`, in one
+  // gathered send (write_mu_ held throughout).
+  Status write_to_socket(std::span<const std::span<const uint8_t>> pieces) {
+    std::lock_guard lock(write_mu_);
+    std::vector<iovec> gathered;
+    gathered.reserve(pieces.size() + 1);
+    gathered.push_back({deferred_.data(), deferred_.size()});
     for (const auto& piece : pieces)
-      size += piece.size();
-    size_t done = 0;
+      gathered.push_back({const_cast<uint8_t*>(piece.data()), piece.size()});
+    Status st = send_gathered(fd_.get(), gathered, Clock::now() + kFrameWriteLimit, stop_.get());
+    deferred_.clear();
+    has_deferred_.store(false);
+    return st;
+  }
+
+  // The shared ring (nothing is held back there: see defer_frame), then a
+  // doorbell when the peer's reader asked for one. The frames go in whole
+  // or not at all, under write_mu_; while the ring has no room for them,
+  // this thread waits without write_mu_, and reads meanwhile when it may
+  // (wait_for_room): the peer may be waiting for room in the other ring.
+  Status write_to_ring(std::span<const std::span<const uint8_t>> pieces) {
+    const Deadline deadline = Clock::now() + kFrameWriteLimit;
     for (int idle = 0;; ++idle) {
-      RDMABUF_ASSIGN_OR_RETURN(size_t n, shm_->write_some(pieces, done));
-      done += n;
-      if (shm_->doorbell_requested()) ring_doorbell();
-      if (done == size) return Status::Ok();
-      if (n > 0) idle = 0;
+      {
+        std::lock_guard lock(write_mu_);
+        RDMABUF_ASSIGN_OR_RETURN(bool wrote, shm_->write_whole(pieces));
+        if (wrote) {
+          if (shm_->doorbell_requested()) ring_doorbell();
+          return Status::Ok();
+        }
+      }
       RDMABUF_RETURN_IF_ERROR(wait_for_room(idle, deadline));
     }
   }
@@ -1048,12 +1040,14 @@ class EndpointImpl {
   }
 
   // The outgoing ring is full: the peer reads slower than this side writes.
-  // Waits a little (spins at first, then a millisecond at a time); fails
-  // when the peer has gone, the endpoint closes, or `deadline` passed.
+  // Reads the incoming ring meanwhile when this thread may, then waits a
+  // little (spins at first, then a millisecond at a time); fails when the
+  // peer has gone, the endpoint closes, or `deadline` passed.
   Status wait_for_room(int idle, Deadline deadline) {
     if (Clock::now() >= deadline) {
       return DeadlineExceeded("the peer stopped reading the endpoint's frames");
     }
+    read_while_blocked();
     pollfd watched[2] = {{fd_.get(), POLLRDHUP, 0}, {stop_.get(), POLLIN, 0}};
     ::poll(watched, 2, idle < 64 ? 0 : 1);
     if (watched[1].revents != 0) return Cancelled("the endpoint was closed");
@@ -1061,6 +1055,33 @@ class EndpointImpl {
       return Unavailable("connection closed by peer");
     }
     return Status::Ok();
+  }
+
+  // A writer blocked on a full ring reads what the peer sent, so that two
+  // sides that both write more than their rings hold do not wait on each
+  // other for ever: when this thread holds the reader role (and is not
+  // inside pump(), whose frame is not taken yet) or the role is free. A
+  // frame that pump() dispatches and that answers the peer (a reply)
+  // cannot do so; it waits, and the endpoint closes after
+  // kFrameWriteLimit if the peer's reader waits the same way.
+  void read_while_blocked() {
+    bool took = false;
+    {
+      std::lock_guard lock(mu_);
+      if (reading_) {
+        if (reader_id_ != std::this_thread::get_id() || pumping_) return;
+      } else {
+        if (!read_mu_.try_lock()) return;
+        reading_ = true;
+        reader_id_ = std::this_thread::get_id();
+        took = true;
+      }
+    }
+    bool progressed = false;
+    Status st = pump(progressed);
+    if (progressed) cv_.notify_all();
+    if (took) give_back_role();
+    if (!st.ok()) fail_reading(st);
   }
 
   // Holds a frame back, to go out with the next one written, or by flush():
@@ -1320,6 +1341,12 @@ class EndpointImpl {
   // frames unread, while kMaxPendingNotes notifications wait for the
   // endpoint's thread.
   Status pump(bool& progressed) {
+    pumping_ = true;
+    Status st = pump_frames(progressed);
+    pumping_ = false;
+    return st;
+  }
+  Status pump_frames(bool& progressed) {
     bool read_once = false;
     while (true) {
       while (in_end_ - in_begin_ >= kHeaderSize) {
@@ -1898,6 +1925,7 @@ class EndpointImpl {
   Status broken_;                       // OK while usable
   bool reading_ = false;                // the reader role is held
   std::thread::id reader_id_;           // by this thread, while reading_
+  bool pumping_ = false;                // the reader role's holder is in pump()
   std::deque<Notification> notes_;      // for the endpoint's thread to deliver
   std::deque<Credit> credits_;          // the peer's receives, not yet taken
   std::map<uint64_t, bool> in_send_;    // taken credits: withdrawn meanwhile?

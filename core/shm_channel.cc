@@ -173,6 +173,25 @@ Result<size_t> ShmChannel::write_some(std::span<const std::span<const uint8_t>> 
   return written;
 }
 
+Result<bool> ShmChannel::write_whole(std::span<const std::span<const uint8_t>> pieces) {
+  size_t wanted = 0;
+  for (const auto& piece : pieces)
+    wanted += piece.size();
+  if (wanted > kRingBytes) {
+    return InvalidArgument("frames of " + std::to_string(wanted) + " bytes do not fit the ring");
+  }
+  if (kRingBytes - (out_tail_ - out_head_) < wanted) {  // look at the reader's progress
+    const uint64_t head = shared(layout().rings[out_].head).load(std::memory_order_acquire);
+    if (out_tail_ - head > kRingBytes) {
+      return ProtocolError("the peer corrupted the endpoint's shared ring");
+    }
+    out_head_ = head;
+    if (kRingBytes - (out_tail_ - out_head_) < wanted) return false;
+  }
+  RDMABUF_ASSIGN_OR_RETURN(size_t written, write_some(pieces, 0));
+  return written == wanted;
+}
+
 Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
   RingControl& ring = layout().rings[in_];
   const uint64_t tail = shared(ring.tail).load(std::memory_order_acquire);
