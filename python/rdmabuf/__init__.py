@@ -41,7 +41,17 @@ from ._errors import (
     UnimplementedError,
 )
 from ._buffer import LocalMemory, Owner, RDMAAction, RDMABuffer
-from ._endpoint import Endpoint, Lease, Listener, Notification, connect, listen, next_notification
+from ._endpoint import (
+    Endpoint,
+    Lease,
+    Listener,
+    Notification,
+    PendingReceive,
+    PendingSend,
+    connect,
+    listen,
+    next_notification,
+)
 from ._future import Future
 from ._manager import BackendInfo, Config, backends, config, configure, shutdown
 from ._rdmabuf import version as _version
@@ -59,6 +69,8 @@ __all__ = [
     "next_notification",
     "Listener",
     "Endpoint",
+    "PendingReceive",
+    "PendingSend",
     "Lease",
     "Notification",
     "backends",

@@ -30,7 +30,17 @@ from . import _rdmabuf
 from ._buffer import LocalMemory, RDMABuffer
 from ._manager import default_manager
 
-__all__ = ["listen", "connect", "next_notification", "Listener", "Endpoint", "Lease", "Notification"]
+__all__ = [
+    "listen",
+    "connect",
+    "next_notification",
+    "Listener",
+    "Endpoint",
+    "PendingReceive",
+    "PendingSend",
+    "Lease",
+    "Notification",
+]
 
 
 class Lease(NamedTuple):
@@ -71,6 +81,23 @@ class Endpoint:
         bytes-like object, a numpy array or a CPU tensor): its size. After a
         failure the bytes of `into` are unspecified, but none lands later."""
         return int(self._ep.receive(into, timeout))
+
+    def post_receive(self, into: LocalMemory) -> "PendingReceive":
+        """Posts a receive into `into` for a later message, without waiting:
+        its credit goes to the peer now, so that several posted receives let
+        the peer send that many messages at once. Receives are filled in the
+        order they were posted. `into` is held until the wait returns; a
+        PendingReceive dropped unwaited is withdrawn (no byte lands
+        afterwards)."""
+        return PendingReceive(self._ep.post_receive(into))
+
+    def post_send(self, data: LocalMemory) -> "PendingSend":
+        """Posts `data` as one message without waiting for the peer: posted
+        sends take the peer's receives in the order they were posted, so one
+        thread can keep a window of messages in flight. `data` is held (and
+        must not change) until the wait returns; a PendingSend dropped
+        unwaited is cancelled (not sent, if no receive took it yet)."""
+        return PendingSend(self._ep.post_send(data))
 
     # --- Handles and lent memory ---------------------------------------------
 
@@ -142,6 +169,37 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"<rdmabuf.Endpoint peer={self.peer} channel={self.channel!r}>"
+
+
+class PendingReceive:
+    """A receive posted with `Endpoint.post_receive`."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self, pending: _rdmabuf.PendingReceive) -> None:
+        self._pending = pending
+
+    def wait(self, *, timeout: Optional[float] = None) -> int:
+        """Waits for the message: its size. Errors as `Endpoint.receive`'s; a
+        second wait raises FailedPreconditionError. At the timeout the
+        receive is withdrawn."""
+        return int(self._pending.wait(timeout))
+
+
+class PendingSend:
+    """A send posted with `Endpoint.post_send`."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self, pending: _rdmabuf.PendingSend) -> None:
+        self._pending = pending
+
+    def wait(self, *, timeout: Optional[float] = None) -> None:
+        """Waits until the message is in the peer's receive. Errors as
+        `Endpoint.send`'s; a second wait raises FailedPreconditionError. At
+        the timeout the send is cancelled (cut short, if it was under way:
+        the peer's receive then takes the next message)."""
+        self._pending.wait(timeout)
 
 
 class Listener:

@@ -5,7 +5,9 @@
 // (a message, a receive buffer, a tagged write's source) is held as a
 // PyLocal for the call's whole length: Endpoint's calls touch their memory
 // only until they return (a receive that times out is withdrawn before it
-// returns), so nothing outlives the call.
+// returns), so nothing outlives the call. A posted send or receive holds
+// its memory until its wait has returned or it is dropped (cancelled or
+// withdrawn first, so that no byte moves once the memory is let go).
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -91,6 +93,16 @@ class PyEndpoint {
     return released([&] { return e.receive(buffer.memory(), ms); });
   }
 
+  PendingReceive post_receive(const PyLocal& into) {
+    Endpoint& e = get();
+    return released([&] { return e.post_receive(into.memory()); });
+  }
+
+  PendingSend post_send(const PyLocal& message) {
+    Endpoint& e = get();
+    return released([&] { return e.post_send(message.memory()); });
+  }
+
   void write(const RemoteBuffer& dst, py::handle src, uint32_t tag, std::optional<double> timeout) {
     check_handle(dst);
     const auto ms = timeout_ms(timeout);
@@ -150,11 +162,11 @@ class PyEndpoint {
     endpoint_->close();
   }
 
- private:
   std::chrono::milliseconds timeout_ms(std::optional<double> seconds) {
     return manager_.cast<PyManager&>().timeout_ms(seconds);
   }
 
+ private:
   Endpoint& get() {
     if (generation_ != fork_generation()) {
       raise_code(StatusCode::kFailedPrecondition,
@@ -169,6 +181,62 @@ class PyEndpoint {
   std::unique_ptr<Endpoint> endpoint_;
   uint64_t generation_;
 };
+
+// A posted receive (Endpoint.post_receive) or send (post_send): the
+// library's PendingReceive / PendingSend, the memory it uses, and the
+// endpoint (which keeps the manager). wait() may come once; dropping it
+// unwaited withdraws the receive or cancels the send, with the GIL
+// released, before the memory is let go.
+template <typename Pending>
+class PyPending {
+ public:
+  PyPending(py::object endpoint, PyLocal memory, Pending pending)
+      : endpoint_(std::move(endpoint)),
+        memory_(std::move(memory)),
+        pending_(std::move(pending)),
+        generation_(fork_generation()) {}
+
+  ~PyPending() {
+    if (generation_ != fork_generation()) {
+      (void)new Pending(std::move(pending_));  // its endpoint's threads are in the parent: leak it
+      return;
+    }
+    if (interpreter_finalizing()) {
+      pending_ = Pending();
+    } else {
+      py::gil_scoped_release nogil;
+      pending_ = Pending();
+    }
+    memory_.reset();
+  }
+
+  PyPending(const PyPending&) = delete;
+  PyPending& operator=(const PyPending&) = delete;
+
+  // The message's size for a receive; None for a send.
+  auto wait(std::optional<double> timeout) {
+    if (generation_ != fork_generation()) {
+      raise_code(StatusCode::kFailedPrecondition,
+                 "this was posted by the parent of this forked process and cannot be waited for "
+                 "here");
+    }
+    const auto ms = endpoint_.cast<PyEndpoint&>().timeout_ms(timeout);
+    struct Release {  // the memory goes once the wait is over, whatever its outcome
+      PyLocal& memory;
+      ~Release() { memory.reset(); }
+    } release{memory_};
+    return released([&] { return pending_.wait(ms); });
+  }
+
+ private:
+  py::object endpoint_;  // PyEndpoint
+  PyLocal memory_;
+  Pending pending_;
+  uint64_t generation_;
+};
+
+using PyPendingReceive = PyPending<PendingReceive>;
+using PyPendingSend = PyPending<PendingSend>;
 
 // A listener. close() may come from another thread while one waits in
 // accept() (without the GIL): the waiting call holds its own reference, so
@@ -212,9 +280,24 @@ void bind_endpoints(py::module_& module, py::class_<PyManager>& manager) {
                                {static_cast<py::ssize_t>(memory.size())}, {1});
       });
 
+  py::class_<PyPendingReceive>(module, "PendingReceive").def("wait", &PyPendingReceive::wait);
+  py::class_<PyPendingSend>(module, "PendingSend").def("wait", &PyPendingSend::wait);
+
   py::class_<PyEndpoint>(module, "Endpoint")
       .def("send", &PyEndpoint::send)
       .def("receive", &PyEndpoint::receive)
+      .def("post_receive",
+           [](py::object self, py::handle into) {
+             PyLocal memory = PyLocal::acquire(into, /*writable=*/true, "post_receive: into");
+             PendingReceive pending = self.cast<PyEndpoint&>().post_receive(memory);
+             return std::make_unique<PyPendingReceive>(self, std::move(memory), std::move(pending));
+           })
+      .def("post_send",
+           [](py::object self, py::handle data) {
+             PyLocal memory = PyLocal::acquire(data, /*writable=*/false, "post_send: data");
+             PendingSend pending = self.cast<PyEndpoint&>().post_send(memory);
+             return std::make_unique<PyPendingSend>(self, std::move(memory), std::move(pending));
+           })
       .def("write", &PyEndpoint::write)
       .def("request_remote_buffer", &PyEndpoint::request_remote_buffer)
       .def("renew", &PyEndpoint::renew)

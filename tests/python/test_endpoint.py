@@ -97,6 +97,38 @@ def test_messages_keep_their_boundaries_and_order(peer: Peer) -> None:
     assert peer.result() is None
 
 
+def test_posted_sends_and_receives_keep_a_window_in_flight(peer: Peer) -> None:
+    sizes = [5, 70_000, 4096, 300_000, 0, 9000] * 2
+    messages = [bytes((i * 7 + j) % 251 for j in range(n)) for i, n in enumerate(sizes)]
+    peer.start("echo", len(messages), 1 << 20)
+    echoes = [bytearray(1 << 20) for _ in messages]
+    receiving = [peer.ep.post_receive(into) for into in echoes]  # filled in this order
+    sending = [peer.ep.post_send(m) for m in messages]  # from one thread, no waiting
+    with pytest.raises(BufferError):  # the posted receive holds its memory
+        echoes[0].extend(b"x")
+    for s in sending:
+        assert s.wait(timeout=30) is None
+    for m, r, into in zip(messages, receiving, echoes):
+        n = r.wait(timeout=30)
+        assert n == len(m) and bytes(into[:n]) == m
+    echoes[0].extend(b"x")  # let go once waited for
+    with pytest.raises(rdmabuf.FailedPreconditionError):
+        receiving[0].wait(timeout=1)
+    assert peer.result() is None
+
+
+def test_a_posted_receive_dropped_unwaited_takes_no_message(peer: Peer) -> None:
+    dropped = bytearray(64)
+    pending = peer.ep.post_receive(dropped)
+    del pending  # withdrawn
+    into = bytearray(64)
+    kept = peer.ep.post_receive(into)
+    peer.start("send", b"for the kept one")
+    assert into[: kept.wait(timeout=30)] == b"for the kept one"
+    assert peer.result() is None
+    assert dropped == bytearray(64)
+
+
 def test_a_message_larger_than_the_receive_fails_both_sides(peer: Peer) -> None:
     peer.start("receive", 1000, 30)
     with pytest.raises(rdmabuf.InvalidArgumentError) as sent:
