@@ -1368,7 +1368,7 @@ class EndpointImpl {
         progressed = true;
       }
       if (read_once) return Status::Ok();
-      if (shm_ && in_begin_ == in_end_) RDMABUF_RETURN_IF_ERROR(take_parts_in_place(progressed));
+      if (shm_ && in_begin_ == in_end_) RDMABUF_RETURN_IF_ERROR(take_messages_in_place(progressed));
       // Keep what is left of a frame at the front, then read more.
       std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
       in_end_ -= in_begin_;
@@ -1380,28 +1380,36 @@ class EndpointImpl {
     }
   }
 
-  // Shared-memory channel, nothing buffered: takes the kSentPart frames at
-  // the front of the ring where they lie, so that a message's bytes are
-  // copied once on this side (ring to receive), not twice. Stops at any
-  // other frame, or one that is not whole in one piece: pump() copies those.
-  Status take_parts_in_place(bool& progressed) {
-    constexpr size_t kFields = 2 * sizeof(uint64_t);
+  // Shared-memory channel, nothing buffered: takes the messages at the
+  // front of the ring (kSentInline and kSentPart frames) where they lie, so
+  // that their bytes are copied once on this side (ring to receive), not
+  // twice. Stops at any other frame, or one that is not whole in one piece:
+  // pump() copies those.
+  Status take_messages_in_place(bool& progressed) {
+    constexpr size_t kMostFields = 2 * sizeof(uint64_t);
     while (true) {
       RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
-      if (ring.size() < kHeaderSize + kFields) return Status::Ok();
-      uint8_t fields[kHeaderSize + kFields];  // a copy: the peer may write the ring meanwhile
-      std::memcpy(fields, ring.data(), sizeof fields);
-      WireReader r(fields);
+      // A copy of the header and fields: the peer may write the ring meanwhile.
+      uint8_t head[kHeaderSize + kMostFields] = {};
+      std::memcpy(head, ring.data(), std::min(ring.size(), sizeof head));
+      WireReader r(head);
       const uint32_t size = r.get<uint32_t>();
       const auto type = static_cast<Frame>(r.get<uint8_t>());
-      const uint64_t seq = r.get<uint64_t>();
-      const uint64_t message_size = r.get<uint64_t>();
-      if (type != Frame::kSentPart || size <= kFields || size > kMaxPayload ||
-          ring.size() < kHeaderSize + size) {
+      const size_t fields = type == Frame::kSentPart     ? kMostFields
+                            : type == Frame::kSentInline ? sizeof(uint64_t)
+                                                         : kMaxPayload + 1;  // not here
+      if (size < fields || size > kMaxPayload || ring.size() < kHeaderSize + size) {
         return Status::Ok();
       }
-      RDMABUF_RETURN_IF_ERROR(
-          take_part(seq, message_size, ring.subspan(kHeaderSize + kFields, size - kFields)));
+      const uint64_t seq = r.get<uint64_t>();
+      auto data = ring.subspan(kHeaderSize + fields, size - fields);
+      if (type == Frame::kSentPart) {
+        const uint64_t message_size = r.get<uint64_t>();
+        if (data.empty()) return Status::Ok();  // malformed: pump() says so
+        RDMABUF_RETURN_IF_ERROR(take_part(seq, message_size, data));
+      } else {
+        RDMABUF_RETURN_IF_ERROR(take_answer(type, seq, data.size(), data));
+      }
       shm_->consume(kHeaderSize + size);
       progressed = true;
     }
@@ -1424,6 +1432,48 @@ class EndpointImpl {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
       return Unavailable("recv: " + errno_text(errno));
     }
+  }
+
+  // The answer of `type` (kSent, kTooLarge, kNotTaken, kSentInline with
+  // `data`) for receive `seq`; `size`: the message's.
+  Status take_answer(Frame type, uint64_t seq, uint64_t size, std::span<const uint8_t> data) {
+    std::lock_guard lock(mu_);
+    auto it = waiting_.find(seq);
+    if (it == waiting_.end() || it->second.answered) {
+      return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
+                           ", which is not waiting");
+    }
+    Receive& receive = it->second;
+    if (receive.parts_came != 0) {
+      return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
+                           ", amid its message's parts");
+    }
+    if (receive.abandoned) {
+      waiting_.erase(it);  // nobody waits for it; its memory is not ours to fill
+      return Status::Ok();
+    }
+    if ((type == Frame::kSent || type == Frame::kSentInline) && size > receive.into.size()) {
+      return ProtocolError("the peer says it sent more than the receive holds");
+    }
+    receive.answered = true;
+    receive.size = size;
+    if (type == Frame::kSent || type == Frame::kSentInline) {
+      // The next receives register when posted while messages are large.
+      register_when_posted_.store(type == Frame::kSent, std::memory_order_relaxed);
+    }
+    if (type == Frame::kSent) {
+      receive.status = Status::Ok();
+    } else if (type == Frame::kSentInline) {
+      // Under the lock: the receive has not returned, so `into` is valid.
+      if (size > 0) std::memcpy(receive.into.data(), data.data(), size);
+      receive.status = Status::Ok();
+    } else if (type == Frame::kTooLarge) {
+      receive.status = InvalidArgument("the peer's message of " + std::to_string(size) +
+                                       " bytes does not fit this receive");
+    } else {
+      receive.status = DeadlineExceeded("no message came in time");
+    }
+    return Status::Ok();
   }
 
   // The next bytes of the message for receive `seq`, `size` bytes in all:
@@ -1585,43 +1635,7 @@ class EndpointImpl {
         const uint64_t size = inline_data ? r.remaining() : r.get<uint64_t>();
         auto data = r.view(inline_data ? r.remaining() : 0);
         if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint answer");
-        std::lock_guard lock(mu_);
-        auto it = waiting_.find(seq);
-        if (it == waiting_.end() || it->second.answered) {
-          return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
-                               ", which is not waiting");
-        }
-        Receive& receive = it->second;
-        if (receive.parts_came != 0) {
-          return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
-                               ", amid its message's parts");
-        }
-        if (receive.abandoned) {
-          waiting_.erase(it);  // nobody waits for it; its memory is not ours to fill
-          break;
-        }
-        if ((type == Frame::kSent || inline_data) && size > receive.into.size()) {
-          return ProtocolError("the peer says it sent more than the receive holds");
-        }
-        receive.answered = true;
-        receive.size = size;
-        if (type == Frame::kSent || inline_data) {
-          // The next receives register when posted while messages are large.
-          register_when_posted_.store(type == Frame::kSent, std::memory_order_relaxed);
-        }
-        if (type == Frame::kSent) {
-          receive.status = Status::Ok();
-        } else if (inline_data) {
-          // Under the lock: the receive has not returned, so `into` is valid.
-          if (size > 0) std::memcpy(receive.into.data(), data.data(), size);
-          receive.status = Status::Ok();
-        } else if (type == Frame::kTooLarge) {
-          receive.status = InvalidArgument("the peer's message of " + std::to_string(size) +
-                                           " bytes does not fit this receive");
-        } else {
-          receive.status = DeadlineExceeded("no message came in time");
-        }
-        break;
+        return take_answer(type, seq, size, data);
       }
       case Frame::kSentPart: {
         const uint64_t seq = r.get<uint64_t>();
