@@ -75,18 +75,30 @@ class EndpointServer {
     }
     // Receives are filled in the order they were posted: wait for each in
     // turn, and post it again once its message is dealt with.
+    // Over TCP the receive is posted again before the echo goes, so that
+    // its credit travels with the echo (one send, not two), as the client's
+    // does. Through shared memory a credit is written at once and costs no
+    // system call: there the echo goes first.
+    const bool post_first = endpoint.channel() != "shared memory";
     for (size_t i = 0;; i = (i + 1) % kPosted) {
       auto size = posted[i].wait(std::chrono::hours(24));
-      if (size.ok() && *size > 0 && buffers[i].data()[0] == std::byte{'E'}) {
-        auto echo = buffers[i].slice(0, *size);
-        if (!echo.ok() || !endpoint.send(*echo, std::chrono::seconds(60)).ok()) return;
-      } else if (!size.ok() && size.status().code() != StatusCode::kDeadlineExceeded &&
-                 size.status().code() != StatusCode::kInvalidArgument) {
+      if (!size.ok() && size.status().code() != StatusCode::kDeadlineExceeded &&
+          size.status().code() != StatusCode::kInvalidArgument) {
         return;  // closed (an idle day or a message too large: go on)
       }
-      auto again = endpoint.post_receive(buffers[i]);
-      if (!again.ok()) return;
-      posted[i] = std::move(again).value();
+      const bool echo = size.ok() && *size > 0 && buffers[i].data()[0] == std::byte{'E'};
+      auto post_again = [&] {
+        auto again = endpoint.post_receive(buffers[i]);
+        if (!again.ok()) return false;
+        posted[i] = std::move(again).value();
+        return true;
+      };
+      if (post_first && !post_again()) return;
+      if (echo) {
+        auto message = buffers[i].slice(0, *size);
+        if (!message.ok() || !endpoint.send(*message, std::chrono::seconds(60)).ok()) return;
+      }
+      if (!post_first && !post_again()) return;
     }
   }
 
