@@ -236,7 +236,8 @@ Status send_exact(int fd, const void* data, size_t size, Deadline deadline, int 
   return Status::Ok();
 }
 
-Status send_gathered(int fd, std::span<iovec> pieces, Deadline deadline, int stop_fd) {
+Status send_gathered(int fd, std::span<iovec> pieces, Deadline deadline, int stop_fd,
+                     const std::function<void()>& while_blocked) {
   while (!pieces.empty() && pieces.front().iov_len == 0)
     pieces = pieces.subspan(1);
   while (!pieces.empty()) {
@@ -245,7 +246,16 @@ Status send_gathered(int fd, std::span<iovec> pieces, Deadline deadline, int sto
     message.msg_iovlen = std::min<size_t>(pieces.size(), IOV_MAX);
     ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      RDMABUF_RETURN_IF_ERROR(wait_fd(fd, POLLOUT, deadline, stop_fd));
+      if (!while_blocked) {
+        RDMABUF_RETURN_IF_ERROR(wait_fd(fd, POLLOUT, deadline, stop_fd));
+        continue;
+      }
+      while_blocked();
+      const Deadline soon = std::min(deadline, Clock::now() + std::chrono::milliseconds(1));
+      Status ready = wait_fd(fd, POLLOUT, soon, stop_fd);
+      if (!ready.ok() && (ready.code() != StatusCode::kDeadlineExceeded || soon == deadline)) {
+        return ready;
+      }
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

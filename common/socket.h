@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -85,7 +86,11 @@ Status send_exact(int fd, const void* data, size_t size, Deadline deadline, int 
 Status recv_exact(int fd, void* data, size_t size, Deadline deadline, int stop_fd = -1);
 // send_exact of the bytes of `pieces` in turn, gathered by the kernel (no
 // copy to join them). The iovecs are consumed: partly sent ones advanced.
-Status send_gathered(int fd, std::span<iovec> pieces, Deadline deadline, int stop_fd = -1);
+// `while_blocked`, when given, runs while the socket has no room, about
+// every millisecond (a writer that must also read, so that two peers that
+// both write do not wait on each other for ever).
+Status send_gathered(int fd, std::span<iovec> pieces, Deadline deadline, int stop_fd = -1,
+                     const std::function<void()>& while_blocked = {});
 
 // A non-blocking eventfd that can be waited on by the helpers above.
 Result<Fd> make_eventfd();

@@ -100,6 +100,9 @@ constexpr size_t kMaxPendingNotes = 1024;
 // socket to callers (see "progress" below).
 constexpr auto kLinger = std::chrono::milliseconds(1);
 constexpr int kLingerMs = static_cast<int>(kLinger.count());  // for epoll_wait
+// How long a writer over TCP waits for the write lock between two looks at
+// what it may read meanwhile.
+constexpr auto kLockLook = std::chrono::microseconds(200);
 
 enum class Frame : uint8_t {
   kHello = 1,
@@ -322,6 +325,11 @@ uint64_t tcp_stream_limit(Manager& manager) {
   }
   return kTcpStreamLimit;
 }
+
+// The endpoint whose frames this thread is dispatching (in pump()), if any.
+thread_local const EndpointImpl* t_pumping = nullptr;
+// The endpoint whose TCP connection this thread is writing, write lock held.
+thread_local const EndpointImpl* t_writing_socket = nullptr;
 
 Deadline deadline_after(std::chrono::milliseconds timeout) {
   return Clock::now() + timeout;
@@ -989,7 +997,14 @@ class EndpointImpl {
   Status write_frame(FrameBuilder&& builder) { return write_frame(builder); }
 
   // Writes `pieces` (whole frames, together), after the deferred frames.
+  // Written by the dispatch of a frame (a reply), they are held, and
+  // written once pump() is done (see pump()).
   Status write_pieces(std::span<const std::span<const uint8_t>> pieces) {
+    if (t_pumping == this) {
+      for (const auto& piece : pieces)
+        held_replies_.insert(held_replies_.end(), piece.begin(), piece.end());
+      return Status::Ok();
+    }
     Status st = shm_ ? write_to_ring(pieces) : write_to_socket(pieces);
     if (st.ok()) return st;
     // A frame cut short leaves the stream unusable: close it for both.
@@ -998,15 +1013,23 @@ class EndpointImpl {
   }
 
   // The TCP connection: the frames held back, then `pieces`, in one
-  // gathered send (write_mu_ held throughout).
+  // gathered send (write_mu_ held throughout; while the socket has no room,
+  // or another writer holds write_mu_, this thread reads when it may, as a
+  // writer to the ring does: the reader role's holder writing the replies
+  // it held must not stop reading while a writer waits for room).
   Status write_to_socket(std::span<const std::span<const uint8_t>> pieces) {
-    std::lock_guard lock(write_mu_);
+    while (!write_mu_.try_lock_for(kLockLook))
+      read_while_blocked();
+    std::lock_guard lock(write_mu_, std::adopt_lock);
     std::vector<iovec> gathered;
     gathered.reserve(pieces.size() + 1);
     gathered.push_back({deferred_.data(), deferred_.size()});
     for (const auto& piece : pieces)
       gathered.push_back({const_cast<uint8_t*>(piece.data()), piece.size()});
-    Status st = send_gathered(fd_.get(), gathered, Clock::now() + kFrameWriteLimit, stop_.get());
+    t_writing_socket = this;
+    Status st = send_gathered(fd_.get(), gathered, Clock::now() + kFrameWriteLimit, stop_.get(),
+                              [this] { read_while_blocked(); });
+    t_writing_socket = nullptr;
     deferred_.clear();
     has_deferred_.store(false);
     return st;
@@ -1057,19 +1080,23 @@ class EndpointImpl {
     return Status::Ok();
   }
 
-  // A writer blocked on a full ring reads what the peer sent, so that two
-  // sides that both write more than their rings hold do not wait on each
-  // other for ever: when this thread holds the reader role (and is not
-  // inside pump(), whose frame is not taken yet) or the role is free. A
-  // frame that pump() dispatches and that answers the peer (a reply)
-  // cannot do so; it waits, and the endpoint closes after
-  // kFrameWriteLimit if the peer's reader waits the same way.
+  // A writer blocked on a full channel reads what the peer sent, so that
+  // two sides that both write more than their channel holds do not wait on
+  // each other for ever: when this thread holds the reader role (and is not
+  // inside pump(), whose frame is not taken yet) or the role is free. The
+  // dispatch of a frame never writes (its replies are held: write_pieces),
+  // so reading needs no lock a writer holds. Replies written after a pump
+  // may themselves wait and read; a few levels deep, they only wait.
   void read_while_blocked() {
+    constexpr int kMostNested = 4;
     bool took = false;
     {
       std::lock_guard lock(mu_);
       if (reading_) {
-        if (reader_id_ != std::this_thread::get_id() || pumping_) return;
+        if (reader_id_ != std::this_thread::get_id() || t_pumping == this ||
+            reply_depth_ >= kMostNested) {
+          return;
+        }
       } else {
         if (!read_mu_.try_lock()) return;
         reading_ = true;
@@ -1080,7 +1107,11 @@ class EndpointImpl {
     bool progressed = false;
     Status st = pump(progressed);
     if (progressed) cv_.notify_all();
+    // Replies held back inside a write to the socket: the endpoint's thread
+    // takes the role next and writes them.
+    const bool replies_wait = took && !held_replies_.empty();
     if (took) give_back_role();
+    if (replies_wait) signal_eventfd(wake_.get());
     if (!st.ok()) fail_reading(st);
   }
 
@@ -1340,11 +1371,22 @@ class EndpointImpl {
   // even while a fast sender keeps the socket full. Stops early, leaving
   // frames unread, while kMaxPendingNotes notifications wait for the
   // endpoint's thread.
+  // Reads and dispatches what the channel holds (reader role held). The
+  // replies the dispatches wrote are held meanwhile and written at the end;
+  // inside a write to the TCP connection (whose lock this thread holds),
+  // by the next pump instead.
   Status pump(bool& progressed) {
-    pumping_ = true;
+    t_pumping = this;
     Status st = pump_frames(progressed);
-    pumping_ = false;
-    return st;
+    t_pumping = nullptr;
+    if (held_replies_.empty() || t_writing_socket == this) return st;
+    const std::vector<uint8_t> replies = std::move(held_replies_);
+    held_replies_.clear();
+    const std::span<const uint8_t> pieces[] = {replies};
+    ++reply_depth_;
+    Status wrote = write_pieces(pieces);
+    --reply_depth_;
+    return st.ok() ? wrote : st;
   }
   Status pump_frames(bool& progressed) {
     bool read_once = false;
@@ -1934,12 +1976,15 @@ class EndpointImpl {
   const uint64_t peer_manager_id_;
 
   std::mutex mu_;
-  std::condition_variable cv_;          // callers waiting for the peer
-  std::condition_variable leases_cv_;   // the lease keeper
-  Status broken_;                       // OK while usable
-  bool reading_ = false;                // the reader role is held
-  std::thread::id reader_id_;           // by this thread, while reading_
-  bool pumping_ = false;                // the reader role's holder is in pump()
+  std::condition_variable cv_;         // callers waiting for the peer
+  std::condition_variable leases_cv_;  // the lease keeper
+  Status broken_;                      // OK while usable
+  bool reading_ = false;               // the reader role is held
+  std::thread::id reader_id_;          // by this thread, while reading_
+  // The reader role's holder alone: replies held while it pumps, and how
+  // deep it is in writing them (see read_while_blocked).
+  std::vector<uint8_t> held_replies_;
+  int reply_depth_ = 0;
   std::deque<Notification> notes_;      // for the endpoint's thread to deliver
   std::deque<Credit> credits_;          // the peer's receives, not yet taken
   std::map<uint64_t, bool> in_send_;    // taken credits: withdrawn meanwhile?
@@ -1955,7 +2000,7 @@ class EndpointImpl {
   std::deque<RemoteBuffer> remote_buffers_;
   std::deque<LocalMemory> returned_;
 
-  std::mutex write_mu_;            // one frame at a time on the socket
+  std::timed_mutex write_mu_;      // one frame at a time on the socket
   std::vector<uint8_t> deferred_;  // frames held back (defer_frame), under write_mu_
   std::atomic<bool> has_deferred_{false};
   std::atomic<bool> serve_sleeping_{false};  // the endpoint's thread waits with no timeout
