@@ -485,7 +485,7 @@ class EndpointImpl {
     FrameBuilder posted(Frame::kPosted);
     posted.u64(seq).u64(into.size());
     posted.blob(handle.valid() ? handle.to_bytes() : std::vector<uint8_t>());
-    defer_frame(std::move(posted));  // with the next frame, or when this side waits
+    defer_credit(std::move(posted));  // with the next frame, or when this side waits
     return seq;
   }
 
@@ -493,10 +493,15 @@ class EndpointImpl {
   // receive is withdrawn (see Endpoint::receive).
   Result<uint64_t> wait_receive(uint64_t seq, std::chrono::milliseconds timeout) {
     const Deadline deadline = deadline_after(timeout);
-    // Credits held back go now even when the message is here already: a
-    // receiver that keeps up with a fast sender would otherwise hold them
-    // until it falls behind, and the sender would stall meanwhile.
-    flush().ignore();  // a failure breaks the endpoint: the wait says so
+    // Credits held back go now, even when the message is here already, once
+    // they are as many as the peer still holds: a receiver that keeps up
+    // with a fast sender would otherwise hold them until it falls behind,
+    // and the sender would stall meanwhile. Fewer wait for the next frame
+    // (or for await, when this receive's message is not here): one send
+    // then carries several.
+    if (held_credits_.load() >= peer_credits_.load()) {
+      flush().ignore();  // a failure breaks the endpoint: the wait says so
+    }
     std::unique_lock lock(mu_);
     auto it = waiting_.find(seq);
     if (it == waiting_.end() || it->second.abandoned) {
@@ -1041,10 +1046,11 @@ class EndpointImpl {
     t_writing_socket = nullptr;
     deferred_.clear();
     has_deferred_.store(false);
+    peer_credits_.fetch_add(held_credits_.exchange(0));
     return st;
   }
 
-  // The shared ring (nothing is held back there: see defer_frame), then a
+  // The shared ring (nothing is held back there: see defer_credit), then a
   // doorbell when the peer's reader asked for one. The frames go in whole
   // or not at all, under write_mu_; while the ring has no room for them,
   // this thread waits without write_mu_, and reads meanwhile when it may
@@ -1124,13 +1130,14 @@ class EndpointImpl {
     if (!st.ok()) fail_reading(st);
   }
 
-  // Holds a frame back, to go out with the next one written, or by flush():
-  // the next wait on this endpoint, or the endpoint's thread within kLinger
-  // (at once when it sleeps). One send then carries, say, a receive's
-  // credit and the message that follows it.
+  // Holds a receive's credit (its kPosted frame) back, to go out with the
+  // next frame written, or by flush(): a wait on this endpoint (see
+  // wait_receive), or the endpoint's thread within kLinger (at once when it
+  // sleeps). One send then carries, say, a receive's credit and the message
+  // that follows it, or several credits.
   // Through shared memory a frame costs no system call, and is written at
   // once: holding credits back there only starves the sender.
-  void defer_frame(FrameBuilder&& builder) {
+  void defer_credit(FrameBuilder&& builder) {
     if (shm_) {
       write_frame(builder).ignore();  // a failure breaks the endpoint: its waits say so
       return;
@@ -1140,6 +1147,7 @@ class EndpointImpl {
       std::lock_guard lock(write_mu_);
       deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
       has_deferred_.store(true);
+      held_credits_.fetch_add(1);
     }
     if (serve_sleeping_.load()) signal_eventfd(wake_.get());
   }
@@ -1494,6 +1502,7 @@ class EndpointImpl {
       return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
                            ", which is not waiting");
     }
+    peer_credits_.fetch_sub(1);
     Receive& receive = it->second;
     if (receive.parts_came != 0) {
       return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
@@ -1556,6 +1565,7 @@ class EndpointImpl {
     }
     receive.parts_came += data.size();
     if (receive.parts_came < size) return Status::Ok();
+    peer_credits_.fetch_sub(1);
     if (receive.abandoned) {
       waiting_.erase(it);
       return Status::Ok();
@@ -2010,8 +2020,13 @@ class EndpointImpl {
   std::deque<LocalMemory> returned_;
 
   std::mutex write_mu_;            // one frame at a time on the socket
-  std::vector<uint8_t> deferred_;  // frames held back (defer_frame), under write_mu_
+  std::vector<uint8_t> deferred_;  // credits held back (defer_credit), under write_mu_
   std::atomic<bool> has_deferred_{false};
+  // Over TCP: the credits held back in deferred_, and those sent that the
+  // peer has not answered yet (see wait_receive). Counts for a heuristic:
+  // read without a lock.
+  std::atomic<int64_t> held_credits_{0};
+  std::atomic<int64_t> peer_credits_{0};
   std::atomic<bool> serve_sleeping_{false};  // the endpoint's thread waits with no timeout
   // Shared-memory channel: doorbells taken from the socket (take_doorbells),
   // and how many there were when the endpoint's thread last asked for one.

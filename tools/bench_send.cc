@@ -6,7 +6,8 @@
 // the same single backend. Latency is a ping-pong of one message (the
 // receive for the echo posted before the send), reported
 // as half the round trip (as tag_lat reports it): the median and p99 of at
-// least 1000 after warm-up. Bandwidth is messages sent back to back by one
+// least 1000 after a warm-up as long as ucx_perftest's (10000 round trips,
+// or a second at most). Bandwidth is messages sent back to back by one
 // thread that keeps --window of them posted (Endpoint::post_send, 16 by
 // default, as many as the peer keeps receives posted), as tag_bw keeps a
 // window of sends in flight, repeated --iters times: the median. UCX runs
@@ -32,6 +33,11 @@ namespace rdmabuf::tool {
 namespace {
 
 constexpr auto kTimeout = std::chrono::seconds(60);
+// Round trips before the latency samples: as many as ucx_perftest's warm-up
+// (its -w default), so that both are measured equally warm; or, over a slow
+// transport, kMostWarmup.
+constexpr int kWarmupTrips = 10000;
+constexpr auto kMostWarmup = std::chrono::seconds(1);
 
 struct SendOptions {
   std::optional<std::string> backend;
@@ -72,8 +78,10 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
   RDMABUF_ASSIGN_OR_RETURN(LocalMemory pong, LocalMemory::allocate(size));
   std::memset(ping.data(), 'E', size);  // 'E': echo it
   std::vector<double> half_trips;
-  const int warmup = std::max(20, samples / 10);
-  for (int i = 0; i < warmup + samples; ++i) {
+  const auto warm_until = Clock::now() + kMostWarmup;
+  bool warm = false;
+  for (int i = 0; static_cast<int>(half_trips.size()) < samples; ++i) {
+    if (!warm && (i >= kWarmupTrips || Clock::now() >= warm_until)) warm = true;
     auto start = Clock::now();
     // The receive for the echo is posted first, so that its credit is at
     // the peer when the echo is ready, and travels with the message.
@@ -84,7 +92,7 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
       return Internal("the echo came back with " + std::to_string(got) + " bytes, not " +
                       std::to_string(size));
     }
-    if (i >= warmup) half_trips.push_back(micros_since(start) / 2);
+    if (warm) half_trips.push_back(micros_since(start) / 2);
   }
   return half_trips;
 }
@@ -172,7 +180,7 @@ int cmd_bench_send(int argc, char** argv) {
     figures.push_back(f);
     if (!run_ucx) continue;
     progress.step("ucx_perftest tag_lat " + format_bytes(size));
-    auto u = run_ucx_perftest("tag_lat", size, 10000, ucx_tls);
+    auto u = run_ucx_perftest("tag_lat", size, kWarmupTrips, ucx_tls);
     if (!u.ok()) {
       std::fprintf(stderr, "rdmabuf bench: ucx_perftest tag_lat: %s\n",
                    u.status().to_string().c_str());
