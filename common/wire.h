@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "rdmabuf/status.h"
@@ -19,10 +20,12 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace rdmabuf {
 
-// Appends fixed-width little-endian fields to a byte vector.
-class WireWriter {
+// Appends fixed-width little-endian fields to a byte buffer: a vector, or
+// any type with its size(), resize() and data().
+template <typename Bytes>
+class BasicWireWriter {
  public:
-  explicit WireWriter(std::vector<uint8_t>& out) : out_(out) {}
+  explicit BasicWireWriter(Bytes& out) : out_(out) {}
   template <typename T>
   void put(T value) {
     static_assert(std::is_integral_v<T>);
@@ -31,8 +34,10 @@ class WireWriter {
     std::memcpy(out_.data() + at, &value, sizeof(T));
   }
   void bytes(const void* data, size_t size) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    out_.insert(out_.end(), p, p + size);
+    if (size == 0) return;
+    size_t at = out_.size();
+    out_.resize(at + size);
+    std::memcpy(out_.data() + at, data, size);
   }
   // A u8 length followed by the bytes; `text` must be < 256 bytes.
   void short_string(std::string_view text) {
@@ -41,8 +46,9 @@ class WireWriter {
   }
 
  private:
-  std::vector<uint8_t>& out_;
+  Bytes& out_;
 };
+using WireWriter = BasicWireWriter<std::vector<uint8_t>>;
 
 // Reads fixed-width little-endian fields; every read checks the bounds.
 class WireReader {
