@@ -502,7 +502,7 @@ class EndpointImpl {
     {
       std::lock_guard lock(mu_);
       seq = next_seq_++;
-      Receive& posted = waiting_[seq];
+      Receive& posted = waiting_.add(seq);
       posted.into = into;
       posted.handle = handle;
     }
@@ -527,11 +527,11 @@ class EndpointImpl {
       flush().ignore();  // a failure breaks the endpoint: the wait says so
     }
     std::unique_lock lock(mu_);
-    auto it = waiting_.find(seq);
-    if (it == waiting_.end() || it->second.abandoned) {
+    Receive* waited = waiting_.find(seq);
+    if (waited == nullptr || waited->abandoned) {
       return FailedPrecondition("this receive was waited for already");
     }
-    Receive& receive = it->second;  // map nodes stay put; only this call erases it
+    Receive& receive = *waited;  // stays put; only this call erases it
     auto answered = [&] { return receive.answered || !broken_.ok(); };
     if (!await(lock, deadline, answered)) {
       // Withdraw: no byte may land once we return. Release first (it waits
@@ -549,7 +549,7 @@ class EndpointImpl {
       }
     }
     Receive done = std::move(receive);
-    waiting_.erase(it);
+    waiting_.erase(seq);
     if (!done.answered) {
       done.status = broken_;
       if (done.status.ok()) done.status = DeadlineExceeded("no message came in time");
@@ -567,14 +567,14 @@ class EndpointImpl {
     bool withdraw = false;
     {
       std::lock_guard lock(mu_);
-      auto it = waiting_.find(seq);
-      if (it == waiting_.end() || it->second.abandoned) return;
-      handle = it->second.handle;
-      withdraw = !it->second.answered && broken_.ok();
+      Receive* receive = waiting_.find(seq);
+      if (receive == nullptr || receive->abandoned) return;
+      handle = receive->handle;
+      withdraw = !receive->answered && broken_.ok();
       if (withdraw) {
-        it->second.abandoned = true;  // its answer is dropped when it comes
+        receive->abandoned = true;  // its answer is dropped when it comes
       } else {
-        waiting_.erase(it);
+        waiting_.erase(seq);
       }
     }
     if (handle.valid()) manager_.release(handle).ignore();
@@ -972,6 +972,42 @@ class EndpointImpl {
     // A message coming in kSentPart frames: its size, and the bytes come.
     uint64_t parts_size = 0;
     uint64_t parts_came = 0;
+  };
+  // Our posted receives by sequence number. Numbers are handed out in
+  // order and receives mostly end in order, so: a deque from the oldest
+  // still held; one that ends early is marked, and dropped once it reaches
+  // the front. A Receive stays put until it is erased.
+  class ReceiveQueue {
+   public:
+    // Adds the receive `seq`, the next number after the last one added.
+    Receive& add(uint64_t seq) {
+      if (slots_.empty()) first_ = seq;
+      slots_.emplace_back().held = true;
+      return slots_.back().receive;
+    }
+    Receive* find(uint64_t seq) {
+      if (seq < first_ || seq - first_ >= slots_.size()) return nullptr;
+      Slot& slot = slots_[seq - first_];
+      return slot.held ? &slot.receive : nullptr;
+    }
+    // Ends receive `seq`, which find() gave.
+    void erase(uint64_t seq) {
+      Slot& slot = slots_[seq - first_];
+      slot.held = false;
+      slot.receive = Receive();  // lets go of its memory now
+      while (!slots_.empty() && !slots_.front().held) {
+        slots_.pop_front();
+        ++first_;
+      }
+    }
+
+   private:
+    struct Slot {
+      Receive receive;
+      bool held = false;
+    };
+    std::deque<Slot> slots_;
+    uint64_t first_ = 0;  // the sequence number of slots_.front()
   };
   // Memory this side lent to the peer.
   struct Lent {
@@ -1543,19 +1579,19 @@ class EndpointImpl {
   // `data`) for receive `seq`; `size`: the message's.
   Status take_answer(Frame type, uint64_t seq, uint64_t size, std::span<const uint8_t> data) {
     std::lock_guard lock(mu_);
-    auto it = waiting_.find(seq);
-    if (it == waiting_.end() || it->second.answered) {
+    Receive* answered = waiting_.find(seq);
+    if (answered == nullptr || answered->answered) {
       return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
                            ", which is not waiting");
     }
     peer_credits_.fetch_sub(1);
-    Receive& receive = it->second;
+    Receive& receive = *answered;
     if (receive.parts_came != 0) {
       return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
                            ", amid its message's parts");
     }
     if (receive.abandoned) {
-      waiting_.erase(it);  // nobody waits for it; its memory is not ours to fill
+      waiting_.erase(seq);  // nobody waits for it; its memory is not ours to fill
       return Status::Ok();
     }
     if ((type == Frame::kSent || type == Frame::kSentInline) && size > receive.into.size()) {
@@ -1587,12 +1623,12 @@ class EndpointImpl {
   // once every byte came (an abandoned one drops them).
   Status take_part(uint64_t seq, uint64_t size, std::span<const uint8_t> data) {
     std::lock_guard lock(mu_);
-    auto it = waiting_.find(seq);
-    if (it == waiting_.end() || it->second.answered) {
+    Receive* filled = waiting_.find(seq);
+    if (filled == nullptr || filled->answered) {
       return ProtocolError("endpoint message part for receive " + std::to_string(seq) +
                            ", which is not waiting");
     }
-    Receive& receive = it->second;
+    Receive& receive = *filled;
     if (receive.parts_came == 0) {
       if (size > receive.into.size()) {
         return ProtocolError("the peer says it sent more than the receive holds");
@@ -1613,7 +1649,7 @@ class EndpointImpl {
     if (receive.parts_came < size) return Status::Ok();
     peer_credits_.fetch_sub(1);
     if (receive.abandoned) {
-      waiting_.erase(it);
+      waiting_.erase(seq);
       return Status::Ok();
     }
     receive.answered = true;
@@ -1896,10 +1932,9 @@ class EndpointImpl {
     auto refuse = [&](const Status& why) { return reply(Frame::kReceiveHandle, id, why, 0, {}); };
     const Status gone = NotFound("the receive was withdrawn");
     auto open_receive = [&]() -> Receive* {
-      auto it = waiting_.find(seq);
-      if (it == waiting_.end()) return nullptr;
-      Receive& receive = it->second;
-      return receive.abandoned || receive.withdrawn || receive.answered ? nullptr : &receive;
+      Receive* receive = waiting_.find(seq);
+      if (receive == nullptr) return nullptr;
+      return receive->abandoned || receive->withdrawn || receive->answered ? nullptr : receive;
     };
     LocalMemory into;
     RemoteBuffer handle;
@@ -2058,7 +2093,7 @@ class EndpointImpl {
   std::deque<uint64_t> queued_sends_;   // posted sends waiting for a credit, oldest first
   std::deque<uint64_t> send_events_;    // sends whose handle came or whose write finished
   uint64_t next_send_ = 0;
-  std::map<uint64_t, Receive> waiting_;  // our posted receives
+  ReceiveQueue waiting_;  // our posted receives
   uint64_t next_seq_ = 0;
   std::map<uint64_t, Reply> replies_;  // our requests waiting for an answer
   uint64_t next_request_ = 0;
