@@ -82,6 +82,9 @@ constexpr size_t kHeaderSize = 5;
 // Handles passed (kBuffer) and not yet taken by receive_buffer: beyond this
 // the peer is flooding us and the endpoint is closed.
 constexpr size_t kMaxQueuedBuffers = 4096;
+// Credits held back (defer_credit) go at once when their frames reach this
+// many bytes: about 170 receives' worth.
+constexpr size_t kMostHeldBack = 4096;
 // How long a withdrawn receive waits for the sender's answer before the
 // endpoint is closed (then nobody can tell whether the message landed).
 constexpr auto kWithdrawGrace = std::chrono::seconds(5);
@@ -1095,8 +1098,8 @@ class EndpointImpl {
       }
     }
     std::lock_guard lock(write_mu_, std::adopt_lock);
-    std::vector<iovec> gathered;
-    gathered.reserve(pieces.size() + 1);
+    std::vector<iovec>& gathered = socket_pieces_;
+    gathered.clear();
     gathered.push_back({deferred_.data(), deferred_.size()});
     for (const auto& piece : pieces)
       gathered.push_back({const_cast<uint8_t*>(piece.data()), piece.size()});
@@ -1104,24 +1107,36 @@ class EndpointImpl {
     Status st = send_gathered(fd_.get(), gathered, Clock::now() + kFrameWriteLimit, stop_.get(),
                               [this] { read_while_blocked(); });
     t_writing_socket = nullptr;
-    deferred_.clear();
-    has_deferred_.store(false);
-    peer_credits_.fetch_add(held_credits_.exchange(0));
+    deferred_sent();
     return st;
   }
 
-  // The shared ring (nothing is held back there: see defer_credit), then a
-  // doorbell when the peer's reader asked for one. The frames go in whole
-  // or not at all, under write_mu_; while the ring has no room for them,
-  // this thread waits without write_mu_, and reads meanwhile when it may
+  // The credits held back went out (write_mu_ held).
+  void deferred_sent() {
+    deferred_.clear();
+    has_deferred_.store(false);
+    peer_credits_.fetch_add(held_credits_.exchange(0));
+  }
+
+  // The shared ring: the credits held back, then `pieces`; then a doorbell
+  // when the peer's reader asked for one. The frames go in whole or not at
+  // all, under write_mu_; while the ring has no room for them, this thread
+  // waits without write_mu_, and reads meanwhile when it may
   // (wait_for_room): the peer may be waiting for room in the other ring.
   Status write_to_ring(std::span<const std::span<const uint8_t>> pieces) {
     Deadline deadline = Deadline::min();  // read the clock only when the ring is full
     for (int idle = 0;; ++idle) {
       {
         std::lock_guard lock(write_mu_);
-        RDMABUF_ASSIGN_OR_RETURN(bool wrote, shm_->write_whole(pieces));
+        std::span<const std::span<const uint8_t>> all = pieces;
+        if (!deferred_.empty()) {
+          ring_pieces_.assign(1, deferred_);
+          ring_pieces_.insert(ring_pieces_.end(), pieces.begin(), pieces.end());
+          all = ring_pieces_;
+        }
+        RDMABUF_ASSIGN_OR_RETURN(bool wrote, shm_->write_whole(all));
         if (wrote) {
+          deferred_sent();
           if (shm_->doorbell_requested()) ring_doorbell();
           return Status::Ok();
         }
@@ -1194,23 +1209,24 @@ class EndpointImpl {
   // Holds a receive's credit (its kPosted frame) back, to go out with the
   // next frame written, or by flush(): a wait on this endpoint (see
   // wait_receive), or the endpoint's thread within kLinger (at once when it
-  // sleeps). One send then carries, say, a receive's credit and the message
-  // that follows it, or several credits.
-  // Through shared memory a frame costs no system call, and is written at
-  // once: holding credits back there only starves the sender.
+  // sleeps). One write then carries, say, a receive's credit and the
+  // message that follows it, or several credits. At kMostHeldBack bytes
+  // they go at once.
   void defer_credit(FrameBuilder&& builder) {
-    if (shm_) {
-      write_frame(builder).ignore();  // a failure breaks the endpoint: its waits say so
-      return;
-    }
     auto bytes = builder.done();
+    bool full;
     {
       std::lock_guard lock(write_mu_);
       deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
       has_deferred_.store(true);
       held_credits_.fetch_add(1);
+      full = deferred_.size() >= kMostHeldBack;
     }
-    if (serve_sleeping_.load()) signal_eventfd(wake_.get());
+    if (full) {
+      flush().ignore();  // a failure breaks the endpoint: its waits say so
+    } else if (serve_sleeping_.load()) {
+      signal_eventfd(wake_.get());
+    }
   }
 
   // Writes the frames held back, if any.
@@ -1508,8 +1524,8 @@ class EndpointImpl {
         in_begin_ += kHeaderSize + size;
         progressed = true;
       }
-      if (read_once) return Status::Ok();
       if (shm_ && in_begin_ == in_end_) RDMABUF_RETURN_IF_ERROR(take_messages_in_place(progressed));
+      if (read_once) return Status::Ok();
       // Keep what is left of a frame at the front, then read more.
       std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
       in_end_ -= in_begin_;
@@ -1556,10 +1572,35 @@ class EndpointImpl {
     }
   }
 
+  // Shared-memory channel: the bytes of the whole frames at the front of
+  // `ring` (which starts with a frame) up to the first message that
+  // take_messages_in_place() takes where it lies; 0 when none.
+  static size_t frames_before_a_message(std::span<const uint8_t> ring) {
+    size_t at = 0;
+    while (ring.size() - at >= kHeaderSize) {
+      uint8_t head[kHeaderSize];
+      std::memcpy(head, ring.data() + at, kHeaderSize);  // the peer may write the ring
+      WireReader r(head);
+      const uint32_t size = r.get<uint32_t>();
+      const auto type = static_cast<Frame>(r.get<uint8_t>());
+      if (type == Frame::kSentInline || type == Frame::kSentPart) break;
+      if (size > kMaxPayload || ring.size() - at - kHeaderSize < size) break;
+      at += kHeaderSize + size;
+    }
+    return at;
+  }
+
   // Takes what the control channel holds, up to `size` bytes, without
-  // blocking: how many, 0 when it has none. Reader role held.
+  // blocking: how many, 0 when it has none. Reader role held. Through
+  // shared memory, when the frames in front are not messages, only those:
+  // the messages behind them are taken where they lie.
   Result<size_t> receive_some(uint8_t* out, size_t size) {
     if (shm_) {
+      if (in_begin_ == in_end_) {  // at a frame's start: copy none of the messages behind
+        RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
+        const size_t before = frames_before_a_message(ring);
+        if (before > 0) size = std::min(size, before);
+      }
       RDMABUF_ASSIGN_OR_RETURN(size_t n, shm_->read_some(out, size));
       // The peer's frames before its end are all in the ring: read them first.
       if (n == 0 && peer_closed_) return Unavailable("connection closed by peer");
@@ -2104,9 +2145,12 @@ class EndpointImpl {
   std::mutex write_mu_;            // one frame at a time on the socket
   std::vector<uint8_t> deferred_;  // credits held back (defer_credit), under write_mu_
   std::atomic<bool> has_deferred_{false};
-  // Over TCP: the credits held back in deferred_, and those sent that the
-  // peer has not answered yet (see wait_receive). Counts for a heuristic:
-  // read without a lock.
+  // What one write gathers (under write_mu_; kept for their capacity).
+  std::vector<iovec> socket_pieces_;
+  std::vector<std::span<const uint8_t>> ring_pieces_;
+  // The credits held back in deferred_, and those sent that the peer has
+  // not answered yet (see wait_receive). Counts for a heuristic: read
+  // without a lock.
   std::atomic<int64_t> held_credits_{0};
   std::atomic<int64_t> peer_credits_{0};
   std::atomic<bool> serve_sleeping_{false};  // the endpoint's thread waits with no timeout

@@ -77,8 +77,8 @@ class EndpointServer {
     // turn, and post it again once its message is dealt with.
     // Over TCP the receive is posted again before the echo goes, so that
     // its credit travels with the echo (one send, not two), as the client's
-    // does. Through shared memory a credit is written at once and costs no
-    // system call: there the echo goes first.
+    // does. Through shared memory, where a write costs no system call, the
+    // echo goes first: else the client would take the credit in before it.
     const bool post_first = endpoint.channel() != "shared memory";
     for (size_t i = 0;; i = (i + 1) % kPosted) {
       auto size = posted[i].wait(std::chrono::hours(24));
