@@ -1125,7 +1125,8 @@ class EndpointImpl {
   // (wait_for_room): the peer may be waiting for room in the other ring.
   Status write_to_ring(std::span<const std::span<const uint8_t>> pieces) {
     Deadline deadline = Deadline::min();  // read the clock only when the ring is full
-    for (int idle = 0;; ++idle) {
+    Deadline spin_until;
+    while (true) {
       {
         std::lock_guard lock(write_mu_);
         std::span<const std::span<const uint8_t>> all = pieces;
@@ -1141,8 +1142,12 @@ class EndpointImpl {
           return Status::Ok();
         }
       }
-      if (deadline == Deadline::min()) deadline = Clock::now() + kFrameWriteLimit;
-      RDMABUF_RETURN_IF_ERROR(wait_for_room(idle, deadline));
+      if (deadline == Deadline::min()) {
+        const Deadline now = Clock::now();
+        deadline = now + kFrameWriteLimit;
+        spin_until = now + busy_poll_;
+      }
+      RDMABUF_RETURN_IF_ERROR(wait_for_room(spin_until, deadline));
     }
   }
 
@@ -1155,15 +1160,19 @@ class EndpointImpl {
 
   // The outgoing ring is full: the peer reads slower than this side writes.
   // Reads the incoming ring meanwhile when this thread may, then waits a
-  // little (spins at first, then a millisecond at a time); fails when the
-  // peer has gone, the endpoint closes, or `deadline` passed.
-  Status wait_for_room(int idle, Deadline deadline) {
-    if (Clock::now() >= deadline) {
+  // little: without sleeping until `spin_until` (Config::busy_poll after
+  // the ring first had no room: a reader that keeps up empties it in tens
+  // of microseconds, and a millisecond's sleep would leave it idle for the
+  // rest), then a millisecond at a time. Fails when the peer has gone, the
+  // endpoint closes, or `deadline` passed.
+  Status wait_for_room(Deadline spin_until, Deadline deadline) {
+    const Deadline now = Clock::now();
+    if (now >= deadline) {
       return DeadlineExceeded("the peer stopped reading the endpoint's frames");
     }
     read_while_blocked();
     pollfd watched[2] = {{fd_.get(), POLLRDHUP, 0}, {stop_.get(), POLLIN, 0}};
-    ::poll(watched, 2, idle < 64 ? 0 : 1);
+    ::poll(watched, 2, now < spin_until ? 0 : 1);
     if (watched[1].revents != 0) return Cancelled("the endpoint was closed");
     if ((watched[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
       return Unavailable("connection closed by peer");
