@@ -1428,6 +1428,44 @@ TEST_P(ConformanceTest, EndpointSendWaitsForTheReceiverToPostAReceive) {
   EXPECT_GE(sent_at, posted_at->load()) << "the send finished before any receive was posted";
 }
 
+// A receive's credit may be held back to travel with the receiver's next
+// frame, but never until the receiver next calls: posted and left alone,
+// receives take messages sent with a short timeout. Twice: with the
+// endpoint's thread asleep, and just after the receiver's own thread read
+// (when that thread leaves the reading to callers for a while).
+TEST_P(ConformanceTest, EndpointCreditsReachTheSenderWhileTheReceiverDoesNotCall) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    if (round == 1) {  // the receiver's thread reads: a message it waits for
+      LocalMemory into = with_sentinel(64);
+      auto receive = receiver->post_receive(into);
+      ASSERT_TRUE(receive.ok());
+      ASSERT_TRUE(sender->send(with_pattern(64, 1), kTimeout).ok());
+      ASSERT_TRUE(receive->wait(kTimeout).ok());
+    }
+    std::vector<LocalMemory> into;
+    std::vector<PendingReceive> posted;
+    for (int i = 0; i < 3; ++i) {
+      into.push_back(with_sentinel(4096));
+      auto receive = receiver->post_receive(into.back());
+      ASSERT_TRUE(receive.ok()) << receive.status().to_string();
+      posted.push_back(std::move(receive).value());
+    }
+    for (int i = 0; i < 3; ++i) {
+      Status st = sender->send(with_pattern(1000 + i, 20 + i), 2s);
+      ASSERT_TRUE(st.ok()) << "message " << i << ": " << st.to_string();
+    }
+    for (int i = 0; i < 3; ++i) {
+      auto size = posted[i].wait(kTimeout);
+      ASSERT_TRUE(size.ok()) << size.status().to_string();
+      EXPECT_EQ(*size, 1000u + i);
+      EXPECT_EQ(find_mismatch(into[i].span().first(1000 + i), 20 + i), std::nullopt);
+    }
+  }
+}
+
 TEST_P(ConformanceTest, EndpointOversizeMessageFailsBothSidesAndTruncatesNothing) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
