@@ -79,6 +79,10 @@ constexpr uint64_t kShmStreamLimit = uint64_t{1} << 62;
 // trip on one connection, rather than a write, its reply and a kSent.
 constexpr uint64_t kTcpStreamLimit = 64 * 1024;
 constexpr size_t kHeaderSize = 5;
+// Frames other than messages up to this many payload bytes are taken from
+// the shared ring where they lie, through a copy on the stack (credits,
+// answers, notifications); larger ones (handles) through the read buffer.
+constexpr size_t kSmallFrame = 256;
 // Handles passed (kBuffer) and not yet taken by receive_buffer: beyond this
 // the peer is flooding us and the endpoint is closed.
 constexpr size_t kMaxQueuedBuffers = 4096;
@@ -493,17 +497,23 @@ class EndpointImpl {
   // Posts `into` for the next message: the receive's sequence number, for
   // wait_receive() or abandon_receive().
   Result<uint64_t> post_receive(const LocalMemory& into) {
-    RDMABUF_RETURN_IF_ERROR(usable());
     // A receive that only inline messages fit needs no registration; a
     // larger one registers now only while the messages lately were too
     // large for a frame (else when the sender asks: kHandleWanted).
     RemoteBuffer handle;
     if (into.size() > kInlineLimit && register_when_posted_.load(std::memory_order_relaxed)) {
+      RDMABUF_RETURN_IF_ERROR(usable());
       RDMABUF_ASSIGN_OR_RETURN(handle, manager_.register_buffer(into));
     }
     uint64_t seq;
     {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_);
+      if (!broken_.ok()) {
+        Status why = broken_;
+        lock.unlock();
+        if (handle.valid()) manager_.release(handle).ignore();
+        return why;
+      }
       seq = next_seq_++;
       Receive& posted = waiting_.add(seq);
       posted.into = into;
@@ -914,7 +924,9 @@ class EndpointImpl {
         finish(out, why.ok() ? DeadlineExceeded("the peer posted no receive in time") : why);
         return;
       case Stage::kBusy:
+        ++sleepers_;
         cv_.wait(lock, [&] { return out.stage != Stage::kBusy; });
+        --sleepers_;
         return;
       case Stage::kAskingHandle:
         replies_.erase(out.request);  // a late answer is ignored
@@ -1113,9 +1125,12 @@ class EndpointImpl {
 
   // The credits held back went out (write_mu_ held).
   void deferred_sent() {
+    if (deferred_.empty()) return;
     deferred_.clear();
-    has_deferred_.store(false);
-    peer_credits_.fetch_add(held_credits_.exchange(0));
+    has_deferred_.store(false, std::memory_order_relaxed);
+    // held_credits_ changes under write_mu_ alone: no read-modify-write.
+    peer_credits_.fetch_add(held_credits_.load(std::memory_order_relaxed));
+    held_credits_.store(0, std::memory_order_relaxed);
   }
 
   // The shared ring: the credits held back, then `pieces`; then a doorbell
@@ -1227,8 +1242,9 @@ class EndpointImpl {
     {
       std::lock_guard lock(write_mu_);
       deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
-      has_deferred_.store(true);
-      held_credits_.fetch_add(1);
+      has_deferred_.store(true);  // seq_cst, against serve_sleeping_ (see serve)
+      held_credits_.store(held_credits_.load(std::memory_order_relaxed) + 1,
+                          std::memory_order_relaxed);
       full = deferred_.size() >= kMostHeldBack;
     }
     if (full) {
@@ -1319,8 +1335,7 @@ class EndpointImpl {
         reading_ = true;
         reader_id_ = std::this_thread::get_id();
         lock.unlock();
-        past_deadline = !lead(deadline, ready);
-        lock.lock();
+        past_deadline = !lead(lock, deadline, ready);
         continue;
       }
       const Deadline now = Clock::now();
@@ -1334,43 +1349,51 @@ class EndpointImpl {
         std::this_thread::yield();
         lock.lock();
       } else {
+        ++sleepers_;
         cv_.wait_until(lock, deadline, [&] { return ready() || may_lead(); });
+        --sleepers_;
       }
     }
     return true;
   }
 
-  // Reads as the reader role's holder (taken by await) until `ready`, the
-  // deadline, the endpoint closing or notifications piling up; then gives
-  // the role back. False when it stopped at the deadline.
+  // Wakes the callers asleep in await (mu_ held): the state they wait on
+  // changed. Costs nothing while none sleeps, as on the message path.
+  void wake_sleepers() {
+    if (sleepers_ > 0) cv_.notify_all();
+  }
+
+  // Reads as the reader role's holder (taken by await, which let go of mu_
+  // through `lock`) until `ready`, the deadline, the endpoint closing or
+  // notifications piling up; then gives the role back. Returns with `lock`
+  // held, so that the check that ends the reading, the role's return and
+  // the caller's own look at what it waited for take mu_ once. False when
+  // it stopped at the deadline.
   template <typename Pred>
-  bool lead(Deadline deadline, Pred ready) {
+  bool lead(std::unique_lock<std::mutex>& lock, Deadline deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set when a look finds nothing
     Status st;
     bool in_time = true;
+    auto done = [&] { return ready() || notes_.size() >= kMaxPendingNotes; };
     while (true) {
       bool progressed = false;
       st = pump(progressed);
-      bool done;
-      bool sends;
-      {
-        std::lock_guard lock(mu_);
-        sends = send_work_ready();
-        done = !sends && (ready() || notes_.size() >= kMaxPendingNotes);
-      }
-      if (sends && st.ok()) {
+      lock.lock();
+      if (st.ok() && send_work_ready()) {
         // Credits came for posted sends, or their writes finished: whatever
         // this caller waits for, the sends go on.
+        lock.unlock();
         progress_sends();
         progressed = true;
-        std::lock_guard lock(mu_);
-        done = ready() || notes_.size() >= kMaxPendingNotes;
+        lock.lock();
       }
-      if (progressed) cv_.notify_all();
-      if (!st.ok() || done) break;
+      if (!st.ok() || done()) break;
+      if (progressed) wake_sleepers();
+      lock.unlock();
       const Deadline now = Clock::now();
       if (now >= deadline) {
         in_time = false;
+        lock.lock();
         break;
       }
       if (progressed) {
@@ -1381,12 +1404,17 @@ class EndpointImpl {
       if (now < spin_until) {
         relax();
       } else if (!sleep_on_channel(deadline)) {
+        lock.lock();
         break;  // closing; other outcomes: the next pump tells
       }
     }
     leads_.fetch_add(1, std::memory_order_relaxed);
-    give_back_role();
-    if (!st.ok()) fail_reading(st);
+    release_role();  // and wakes a follower, which may lead now
+    if (!st.ok()) {
+      lock.unlock();
+      fail_reading(st);
+      lock.lock();
+    }
     return in_time;
   }
 
@@ -1402,12 +1430,16 @@ class EndpointImpl {
   }
 
   void give_back_role() {
-    {
-      std::lock_guard lock(mu_);
-      reading_ = false;
-      read_mu_.unlock();
-    }
-    cv_.notify_all();  // a follower may lead now
+    std::lock_guard lock(mu_);
+    release_role();
+  }
+
+  // Gives the reader role back (mu_ held), waking the callers that wait
+  // for it or for what was read.
+  void release_role() {
+    reading_ = false;
+    read_mu_.unlock();
+    wake_sleepers();
   }
 
   // Whether a caller held the reader role since the endpoint's thread last
@@ -1533,7 +1565,11 @@ class EndpointImpl {
         in_begin_ += kHeaderSize + size;
         progressed = true;
       }
-      if (shm_ && in_begin_ == in_end_) RDMABUF_RETURN_IF_ERROR(take_messages_in_place(progressed));
+      if (shm_ && in_begin_ == in_end_) {
+        RDMABUF_RETURN_IF_ERROR(take_frames_in_place(progressed));
+        // Nothing more came: no read to try (peer_closed_: the read says so).
+        if (!shm_->has_incoming() && !peer_closed_) return Status::Ok();
+      }
       if (read_once) return Status::Ok();
       // Keep what is left of a frame at the front, then read more.
       std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
@@ -1546,35 +1582,48 @@ class EndpointImpl {
     }
   }
 
-  // Shared-memory channel, nothing buffered: takes the messages at the
-  // front of the ring (kSentInline and kSentPart frames) where they lie, so
-  // that their bytes are copied once on this side (ring to receive), not
-  // twice. Stops at any other frame, or one that is not whole in one piece:
-  // pump() copies those.
-  Status take_messages_in_place(bool& progressed) {
+  // Shared-memory channel, nothing buffered: takes the frames at the front
+  // of the ring where they lie, with no copy through in_. A message
+  // (kSentInline, kSentPart) is copied once, ring to receive; any other
+  // frame up to kSmallFrame bytes is copied whole onto the stack first (the
+  // peer may write the ring meanwhile), then dispatched. Stops at a larger
+  // frame, one not whole in one piece, or a notification while the queue is
+  // full: pump() copies those.
+  Status take_frames_in_place(bool& progressed) {
     constexpr size_t kMostFields = 2 * sizeof(uint64_t);
+    uint8_t copy[kHeaderSize + kSmallFrame];
     while (true) {
       RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
+      if (ring.size() < kHeaderSize) return Status::Ok();
       // A copy of the header and fields: the peer may write the ring meanwhile.
-      uint8_t head[kHeaderSize + kMostFields] = {};
-      std::memcpy(head, ring.data(), std::min(ring.size(), sizeof head));
+      uint8_t head[kHeaderSize + kMostFields];
+      if (ring.size() >= sizeof head) {
+        std::memcpy(head, ring.data(), sizeof head);
+      } else {
+        std::memset(head, 0, sizeof head);
+        std::memcpy(head, ring.data(), ring.size());
+      }
       WireReader r(head);
       const uint32_t size = r.get<uint32_t>();
       const auto type = static_cast<Frame>(r.get<uint8_t>());
-      const size_t fields = type == Frame::kSentPart     ? kMostFields
-                            : type == Frame::kSentInline ? sizeof(uint64_t)
-                                                         : kMaxPayload + 1;  // not here
-      if (size < fields || size > kMaxPayload || ring.size() < kHeaderSize + size) {
-        return Status::Ok();
-      }
-      const uint64_t seq = r.get<uint64_t>();
-      auto data = ring.subspan(kHeaderSize + fields, size - fields);
-      if (type == Frame::kSentPart) {
-        const uint64_t message_size = r.get<uint64_t>();
-        if (data.empty()) return Status::Ok();  // malformed: pump() says so
-        RDMABUF_RETURN_IF_ERROR(take_part(seq, message_size, data));
+      if (size > kMaxPayload || ring.size() < kHeaderSize + size) return Status::Ok();
+      if (type == Frame::kSentInline || type == Frame::kSentPart) {
+        const size_t fields = type == Frame::kSentPart ? kMostFields : sizeof(uint64_t);
+        if (size < fields) return Status::Ok();  // malformed: pump() says so
+        const uint64_t seq = r.get<uint64_t>();
+        auto data = ring.subspan(kHeaderSize + fields, size - fields);
+        if (type == Frame::kSentPart) {
+          const uint64_t message_size = r.get<uint64_t>();
+          if (data.empty()) return Status::Ok();  // malformed: pump() says so
+          RDMABUF_RETURN_IF_ERROR(take_part(seq, message_size, data));
+        } else {
+          RDMABUF_RETURN_IF_ERROR(take_answer(type, seq, data.size(), data));
+        }
       } else {
-        RDMABUF_RETURN_IF_ERROR(take_answer(type, seq, data.size(), data));
+        if (size > kSmallFrame) return Status::Ok();
+        if (type == Frame::kNotify && notes_full()) return Status::Ok();  // pump() waits
+        std::memcpy(copy, ring.data(), kHeaderSize + size);
+        RDMABUF_RETURN_IF_ERROR(dispatch(type, std::span<const uint8_t>(copy + kHeaderSize, size)));
       }
       shm_->consume(kHeaderSize + size);
       progressed = true;
@@ -1583,7 +1632,7 @@ class EndpointImpl {
 
   // Shared-memory channel: the bytes of the whole frames at the front of
   // `ring` (which starts with a frame) up to the first message that
-  // take_messages_in_place() takes where it lies; 0 when none.
+  // take_frames_in_place() takes where it lies; 0 when none.
   static size_t frames_before_a_message(std::span<const uint8_t> ring) {
     size_t at = 0;
     while (ring.size() - at >= kHeaderSize) {
@@ -2128,6 +2177,7 @@ class EndpointImpl {
 
   std::mutex mu_;
   std::condition_variable cv_;         // callers waiting for the peer
+  int sleepers_ = 0;                   // waiting on cv_ now
   std::condition_variable leases_cv_;  // the lease keeper
   Status broken_;                      // OK while usable
   bool reading_ = false;               // the reader role is held

@@ -18,16 +18,16 @@ constexpr uint64_t kChannelMagic = 0x314e4843504552ULL;  // "REPCHN1"
 constexpr size_t kRingBytes = size_t{512} << 10;         // a power of two
 static_assert((kRingBytes & (kRingBytes - 1)) == 0);
 
+}  // namespace
+
 // One direction. Each field on a cache line of its own: the producer writes
 // `tail`, the consumer `head`; `doorbell` is set by the consumer and taken
 // by the producer.
-struct alignas(64) RingControl {
+struct alignas(64) ShmChannel::RingControl {
   alignas(64) uint64_t tail;
   alignas(64) uint64_t head;
   alignas(64) uint32_t doorbell;
 };
-
-}  // namespace
 
 struct ShmChannel::Layout {
   uint64_t magic;  // published last by the creator
@@ -58,7 +58,15 @@ size_t ShmChannel::ring_bytes() {
 }
 
 ShmChannel::ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring)
-    : fd_(std::move(fd)), base_(base), nonce_(nonce), out_(writes_ring), in_(1 - writes_ring) {}
+    : fd_(std::move(fd)),
+      base_(base),
+      nonce_(nonce),
+      out_control_(&layout().rings[writes_ring]),
+      out_data_(static_cast<uint8_t*>(base) + kDataOffset +
+                static_cast<size_t>(writes_ring) * kRingBytes),
+      in_control_(&layout().rings[1 - writes_ring]),
+      in_data_(static_cast<uint8_t*>(base) + kDataOffset +
+               static_cast<size_t>(1 - writes_ring) * kRingBytes) {}
 
 ShmChannel::~ShmChannel() {
   if (base_) ::munmap(base_, kFileBytes);
@@ -66,10 +74,6 @@ ShmChannel::~ShmChannel() {
 
 ShmChannel::Layout& ShmChannel::layout() const {
   return *static_cast<Layout*>(base_);
-}
-
-uint8_t* ShmChannel::ring_data(int ring) const {
-  return static_cast<uint8_t*>(base_) + kDataOffset + static_cast<size_t>(ring) * kRingBytes;
 }
 
 Result<std::unique_ptr<ShmChannel>> ShmChannel::create() {
@@ -136,7 +140,7 @@ Result<size_t> ShmChannel::write_some(const uint8_t* data, size_t size) {
 
 Result<size_t> ShmChannel::write_some(std::span<const std::span<const uint8_t>> pieces,
                                       size_t skip) {
-  RingControl& ring = layout().rings[out_];
+  RingControl& ring = *out_control_;
   size_t wanted = 0;
   for (const auto& piece : pieces)
     wanted += piece.size();
@@ -160,8 +164,8 @@ Result<size_t> ShmChannel::write_some(std::span<const std::span<const uint8_t>> 
     const size_t n = std::min(piece.size(), room - written);
     const size_t at = (out_tail_ + written) & (kRingBytes - 1);
     const size_t first = std::min(n, kRingBytes - at);
-    std::memcpy(ring_data(out_) + at, piece.data(), first);
-    std::memcpy(ring_data(out_), piece.data() + first, n - first);
+    std::memcpy(out_data_ + at, piece.data(), first);
+    if (n > first) std::memcpy(out_data_, piece.data() + first, n - first);
     written += n;
     if (written == room) break;
   }
@@ -181,7 +185,7 @@ Result<bool> ShmChannel::write_whole(std::span<const std::span<const uint8_t>> p
     return InvalidArgument("frames of " + std::to_string(wanted) + " bytes do not fit the ring");
   }
   if (kRingBytes - (out_tail_ - out_head_) < wanted) {  // look at the reader's progress
-    const uint64_t head = shared(layout().rings[out_].head).load(std::memory_order_acquire);
+    const uint64_t head = shared(out_control_->head).load(std::memory_order_acquire);
     if (out_tail_ - head > kRingBytes) {
       return ProtocolError("the peer corrupted the endpoint's shared ring");
     }
@@ -193,7 +197,7 @@ Result<bool> ShmChannel::write_whole(std::span<const std::span<const uint8_t>> p
 }
 
 Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
-  RingControl& ring = layout().rings[in_];
+  RingControl& ring = *in_control_;
   const uint64_t tail = shared(ring.tail).load(std::memory_order_acquire);
   const uint64_t held = tail - in_head_;
   if (held > kRingBytes) return ProtocolError("the peer corrupted the endpoint's shared ring");
@@ -201,38 +205,38 @@ Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
   if (n == 0) return n;
   const size_t at = in_head_ & (kRingBytes - 1);
   const size_t first = std::min(n, kRingBytes - at);
-  std::memcpy(out, ring_data(in_) + at, first);
-  std::memcpy(out + first, ring_data(in_), n - first);
+  std::memcpy(out, in_data_ + at, first);
+  if (n > first) std::memcpy(out + first, in_data_, n - first);
   in_head_ += n;
   shared(ring.head).store(in_head_, std::memory_order_release);  // the room is the writer's again
   return n;
 }
 
 Result<std::span<const uint8_t>> ShmChannel::peek() {
-  const uint64_t tail = shared(layout().rings[in_].tail).load(std::memory_order_acquire);
+  const uint64_t tail = shared(in_control_->tail).load(std::memory_order_acquire);
   const uint64_t held = tail - in_head_;
   if (held > kRingBytes) return ProtocolError("the peer corrupted the endpoint's shared ring");
   const size_t at = in_head_ & (kRingBytes - 1);
-  return std::span<const uint8_t>(ring_data(in_) + at, std::min<size_t>(held, kRingBytes - at));
+  return std::span<const uint8_t>(in_data_ + at, std::min<size_t>(held, kRingBytes - at));
 }
 
 void ShmChannel::consume(size_t size) {
   in_head_ += size;
-  shared(layout().rings[in_].head).store(in_head_, std::memory_order_release);
+  shared(in_control_->head).store(in_head_, std::memory_order_release);
 }
 
 bool ShmChannel::has_incoming() const {
-  return shared(layout().rings[in_].tail).load(std::memory_order_acquire) != in_head_;
+  return shared(in_control_->tail).load(std::memory_order_acquire) != in_head_;
 }
 
 bool ShmChannel::request_doorbell() {
-  RingControl& ring = layout().rings[in_];
+  RingControl& ring = *in_control_;
   shared(ring.doorbell).store(1, std::memory_order_seq_cst);
   return shared(ring.tail).load(std::memory_order_seq_cst) == in_head_;
 }
 
 bool ShmChannel::doorbell_requested() {
-  RingControl& ring = layout().rings[out_];
+  RingControl& ring = *out_control_;
   return shared(ring.doorbell).load(std::memory_order_seq_cst) != 0 &&
          shared(ring.doorbell).exchange(0, std::memory_order_seq_cst) != 0;
 }

@@ -96,15 +96,18 @@ class ShmChannel {
 
  private:
   struct Layout;
+  struct RingControl;
   ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring);
   Layout& layout() const;
-  uint8_t* ring_data(int ring) const;
 
   Fd fd_;
   void* base_ = nullptr;
   uint64_t nonce_ = 0;
-  int out_ = 0;            // the ring this side writes
-  int in_ = 1;             // the ring this side reads
+  // Where the rings lie in the mapping, worked out once.
+  RingControl* out_control_;  // of the ring this side writes
+  uint8_t* out_data_;
+  RingControl* in_control_;  // of the ring this side reads
+  const uint8_t* in_data_;
   uint64_t out_tail_ = 0;  // this side's own positions, never read back
   uint64_t in_head_ = 0;   // from the shared file
   // The reader's head as this side last loaded it: there is at least this
