@@ -536,7 +536,7 @@ class EndpointImpl {
     // and the sender would stall meanwhile. Fewer wait for the next frame
     // (or for await, when this receive's message is not here): one send
     // then carries several.
-    if (held_credits_.load() >= peer_credits_.load()) {
+    if (held_credits_.load() >= peer_credits()) {
       flush().ignore();  // a failure breaks the endpoint: the wait says so
     }
     std::unique_lock lock(mu_);
@@ -991,26 +991,36 @@ class EndpointImpl {
   // Our posted receives by sequence number. Numbers are handed out in
   // order and receives mostly end in order, so: a deque from the oldest
   // still held; one that ends early is marked, and dropped once it reaches
-  // the front. A Receive stays put until it is erased.
+  // the front. A Receive stays put until it is erased. Its slot is kept for
+  // the next one, so that a steady stream of receives allocates nothing.
   class ReceiveQueue {
    public:
     // Adds the receive `seq`, the next number after the last one added.
     Receive& add(uint64_t seq) {
       if (slots_.empty()) first_ = seq;
-      slots_.emplace_back().held = true;
-      return slots_.back().receive;
+      std::unique_ptr<Slot> slot;
+      if (spare_.empty()) {
+        slot = std::make_unique<Slot>();
+      } else {
+        slot = std::move(spare_.back());
+        spare_.pop_back();
+      }
+      slot->held = true;
+      slots_.push_back(std::move(slot));
+      return slots_.back()->receive;
     }
     Receive* find(uint64_t seq) {
       if (seq < first_ || seq - first_ >= slots_.size()) return nullptr;
-      Slot& slot = slots_[seq - first_];
+      Slot& slot = *slots_[seq - first_];
       return slot.held ? &slot.receive : nullptr;
     }
     // Ends receive `seq`, which find() gave.
     void erase(uint64_t seq) {
-      Slot& slot = slots_[seq - first_];
+      Slot& slot = *slots_[seq - first_];
       slot.held = false;
       slot.receive = Receive();  // lets go of its memory now
-      while (!slots_.empty() && !slots_.front().held) {
+      while (!slots_.empty() && !slots_.front()->held) {
+        spare_.push_back(std::move(slots_.front()));
         slots_.pop_front();
         ++first_;
       }
@@ -1021,8 +1031,9 @@ class EndpointImpl {
       Receive receive;
       bool held = false;
     };
-    std::deque<Slot> slots_;
-    uint64_t first_ = 0;  // the sequence number of slots_.front()
+    std::deque<std::unique_ptr<Slot>> slots_;
+    std::vector<std::unique_ptr<Slot>> spare_;  // as many as were held at once, at most
+    uint64_t first_ = 0;                        // the sequence number of slots_.front()
   };
   // Memory this side lent to the peer.
   struct Lent {
@@ -1059,6 +1070,21 @@ class EndpointImpl {
   bool stopping() {
     std::lock_guard lock(mu_);
     return !broken_.ok();
+  }
+
+  // The credits this side sent that the peer has not answered yet: a count
+  // for a heuristic, read without a lock. (A moment off, even below 0: the
+  // peer may answer a credit before credits_sent_ counts it.)
+  int64_t peer_credits() const {
+    const int64_t used = credits_used_.load();
+    return credits_sent_.load() - used;
+  }
+
+  // A message or an answer used one of the credits sent (mu_ held, which
+  // every change of credits_used_ holds: no read-modify-write).
+  void credit_used() {
+    credits_used_.store(credits_used_.load(std::memory_order_relaxed) + 1,
+                        std::memory_order_relaxed);
   }
 
   // Ends the use of a taken credit; true when the receiver withdrew it.
@@ -1128,8 +1154,10 @@ class EndpointImpl {
     if (deferred_.empty()) return;
     deferred_.clear();
     has_deferred_.store(false, std::memory_order_relaxed);
-    // held_credits_ changes under write_mu_ alone: no read-modify-write.
-    peer_credits_.fetch_add(held_credits_.load(std::memory_order_relaxed));
+    // These counts change under write_mu_ alone: no read-modify-write.
+    credits_sent_.store(credits_sent_.load(std::memory_order_relaxed) +
+                            held_credits_.load(std::memory_order_relaxed),
+                        std::memory_order_relaxed);
     held_credits_.store(0, std::memory_order_relaxed);
   }
 
@@ -1145,7 +1173,12 @@ class EndpointImpl {
       {
         std::lock_guard lock(write_mu_);
         std::span<const std::span<const uint8_t>> all = pieces;
-        if (!deferred_.empty()) {
+        std::span<const uint8_t> few[4];  // a frame's pieces and the credits: no vector
+        if (!deferred_.empty() && pieces.size() < std::size(few)) {
+          few[0] = deferred_;
+          std::copy(pieces.begin(), pieces.end(), few + 1);
+          all = std::span(few, pieces.size() + 1);
+        } else if (!deferred_.empty()) {
           ring_pieces_.assign(1, deferred_);
           ring_pieces_.insert(ring_pieces_.end(), pieces.begin(), pieces.end());
           all = ring_pieces_;
@@ -1408,7 +1441,8 @@ class EndpointImpl {
         break;  // closing; other outcomes: the next pump tells
       }
     }
-    leads_.fetch_add(1, std::memory_order_relaxed);
+    // The reader role's holder alone changes it: no read-modify-write.
+    leads_.store(leads_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     release_role();  // and wakes a follower, which may lead now
     if (!st.ok()) {
       lock.unlock();
@@ -1683,7 +1717,7 @@ class EndpointImpl {
       return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
                            ", which is not waiting");
     }
-    peer_credits_.fetch_sub(1);
+    credit_used();
     Receive& receive = *answered;
     if (receive.parts_came != 0) {
       return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
@@ -1746,7 +1780,7 @@ class EndpointImpl {
     }
     receive.parts_came += data.size();
     if (receive.parts_came < size) return Status::Ok();
-    peer_credits_.fetch_sub(1);
+    credit_used();
     if (receive.abandoned) {
       waiting_.erase(seq);
       return Status::Ok();
@@ -2211,7 +2245,8 @@ class EndpointImpl {
   // not answered yet (see wait_receive). Counts for a heuristic: read
   // without a lock.
   std::atomic<int64_t> held_credits_{0};
-  std::atomic<int64_t> peer_credits_{0};
+  std::atomic<int64_t> credits_sent_{0};     // under write_mu_
+  std::atomic<int64_t> credits_used_{0};     // answered, under mu_
   std::atomic<bool> serve_sleeping_{false};  // the endpoint's thread waits with no timeout
   // Shared-memory channel: doorbells taken from the socket (take_doorbells),
   // and how many there were when the endpoint's thread last asked for one.

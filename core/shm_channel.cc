@@ -140,40 +140,24 @@ Result<size_t> ShmChannel::write_some(const uint8_t* data, size_t size) {
 
 Result<size_t> ShmChannel::write_some(std::span<const std::span<const uint8_t>> pieces,
                                       size_t skip) {
-  RingControl& ring = *out_control_;
   size_t wanted = 0;
   for (const auto& piece : pieces)
     wanted += piece.size();
   wanted -= std::min(skip, wanted);
-  if (kRingBytes - (out_tail_ - out_head_) < wanted) {  // look at the reader's progress
-    const uint64_t head = shared(ring.head).load(std::memory_order_acquire);
-    if (out_tail_ - head > kRingBytes) {
-      return ProtocolError("the peer corrupted the endpoint's shared ring");
-    }
-    out_head_ = head;
-  }
-  const size_t room = kRingBytes - (out_tail_ - out_head_);
+  RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(wanted));
   size_t written = 0;
   for (std::span<const uint8_t> piece : pieces) {
     if (skip >= piece.size()) {
       skip -= piece.size();
       continue;
     }
-    piece = piece.subspan(skip);
+    piece = piece.subspan(skip, std::min(piece.size() - skip, room - written));
     skip = 0;
-    const size_t n = std::min(piece.size(), room - written);
-    const size_t at = (out_tail_ + written) & (kRingBytes - 1);
-    const size_t first = std::min(n, kRingBytes - at);
-    std::memcpy(out_data_ + at, piece.data(), first);
-    if (n > first) std::memcpy(out_data_, piece.data() + first, n - first);
-    written += n;
+    copy_in(piece, written);
+    written += piece.size();
     if (written == room) break;
   }
-  if (written == 0) return written;
-  out_tail_ += written;
-  // seq_cst, with doorbell_requested()'s load: a reader that asked for a
-  // doorbell before this store is seen; one that asks after sees the bytes.
-  shared(ring.tail).store(out_tail_, std::memory_order_seq_cst);
+  if (written > 0) publish(written);
   return written;
 }
 
@@ -184,16 +168,40 @@ Result<bool> ShmChannel::write_whole(std::span<const std::span<const uint8_t>> p
   if (wanted > kRingBytes) {
     return InvalidArgument("frames of " + std::to_string(wanted) + " bytes do not fit the ring");
   }
+  RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(wanted));
+  if (room < wanted) return false;
+  size_t written = 0;
+  for (const auto& piece : pieces) {
+    copy_in(piece, written);
+    written += piece.size();
+  }
+  if (written > 0) publish(written);
+  return true;
+}
+
+Result<size_t> ShmChannel::room_for(size_t wanted) {
   if (kRingBytes - (out_tail_ - out_head_) < wanted) {  // look at the reader's progress
     const uint64_t head = shared(out_control_->head).load(std::memory_order_acquire);
     if (out_tail_ - head > kRingBytes) {
       return ProtocolError("the peer corrupted the endpoint's shared ring");
     }
     out_head_ = head;
-    if (kRingBytes - (out_tail_ - out_head_) < wanted) return false;
   }
-  RDMABUF_ASSIGN_OR_RETURN(size_t written, write_some(pieces, 0));
-  return written == wanted;
+  return kRingBytes - (out_tail_ - out_head_);
+}
+
+void ShmChannel::copy_in(std::span<const uint8_t> piece, size_t offset) {
+  const size_t at = (out_tail_ + offset) & (kRingBytes - 1);
+  const size_t first = std::min(piece.size(), kRingBytes - at);
+  std::memcpy(out_data_ + at, piece.data(), first);
+  if (piece.size() > first) std::memcpy(out_data_, piece.data() + first, piece.size() - first);
+}
+
+void ShmChannel::publish(size_t size) {
+  out_tail_ += size;
+  // seq_cst, with doorbell_requested()'s load: a reader that asked for a
+  // doorbell before this store is seen; one that asks after sees the bytes.
+  shared(out_control_->tail).store(out_tail_, std::memory_order_seq_cst);
 }
 
 Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {

@@ -99,6 +99,13 @@ class ShmChannel {
   struct RingControl;
   ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring);
   Layout& layout() const;
+  // The outgoing ring's free bytes, loading the reader's head only when
+  // fewer than `wanted` were free when last loaded.
+  Result<size_t> room_for(size_t wanted);
+  // Copies `piece` into the outgoing ring `offset` bytes past the tail
+  // (room checked), then makes that many bytes the reader's.
+  void copy_in(std::span<const uint8_t> piece, size_t offset);
+  void publish(size_t size);
 
   Fd fd_;
   void* base_ = nullptr;
