@@ -191,6 +191,7 @@ Result<size_t> ShmChannel::room_for(size_t wanted) {
 }
 
 void ShmChannel::copy_in(std::span<const uint8_t> piece, size_t offset) {
+  if (piece.empty()) return;  // its data() may be null, which memcpy must not get
   const size_t at = (out_tail_ + offset) & (kRingBytes - 1);
   const size_t first = std::min(piece.size(), kRingBytes - at);
   std::memcpy(out_data_ + at, piece.data(), first);
