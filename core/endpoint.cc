@@ -196,20 +196,34 @@ std::span<const uint8_t> text_bytes(const std::string& text) {
   return {reinterpret_cast<const uint8_t*>(text.data()), std::min<size_t>(text.size(), 1024)};
 }
 
+// A frame's header: the size of its payload, which follows, and its type.
+struct FrameHeader {
+  uint32_t size;
+  Frame type;
+};
+// The header in the first kHeaderSize bytes at `at` (a copy, when they lie
+// in the shared ring: the peer may write it meanwhile).
+FrameHeader read_header(const uint8_t* at) {
+  WireReader r(std::span<const uint8_t>(at, kHeaderSize));
+  const uint32_t size = r.get<uint32_t>();
+  return {size, static_cast<Frame>(r.get<uint8_t>())};
+}
+
+Status payload_too_large(uint32_t size) {
+  return ProtocolError("endpoint frame of " + std::to_string(size) + " bytes (at most " +
+                       std::to_string(kMaxPayload) + ")");
+}
+
 // Reads one frame before `deadline`.
 Status read_frame(int fd, Deadline deadline, int stop_fd, Frame& type,
                   std::vector<uint8_t>& payload) {
   uint8_t header[kHeaderSize];
   RDMABUF_RETURN_IF_ERROR(recv_exact(fd, header, sizeof header, deadline, stop_fd));
-  WireReader r(header);
-  uint32_t size = r.get<uint32_t>();
-  type = static_cast<Frame>(r.get<uint8_t>());
-  if (size > kMaxPayload) {
-    return ProtocolError("endpoint frame of " + std::to_string(size) + " bytes (at most " +
-                         std::to_string(kMaxPayload) + ")");
-  }
-  payload.resize(size);
-  return recv_exact(fd, payload.data(), size, deadline, stop_fd);
+  const FrameHeader h = read_header(header);
+  if (h.size > kMaxPayload) return payload_too_large(h.size);
+  type = h.type;
+  payload.resize(h.size);
+  return recv_exact(fd, payload.data(), h.size, deadline, stop_fd);
 }
 
 // Sends one frame before `deadline` (the handshake, before the endpoint's
@@ -369,6 +383,24 @@ Deadline deadline_after(std::chrono::milliseconds timeout) {
   return Clock::now() + timeout;
 }
 
+// When a wait on an endpoint gives up: `timeout` after the wait first found
+// nothing to take, read from the clock only then. A wait whose answer is
+// there already reads no clock (a read costs about 40 ns here: as much as
+// the rest of taking a small message).
+class WaitDeadline {
+ public:
+  explicit WaitDeadline(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+
+  Deadline get() {
+    if (at_ == Deadline::min()) at_ = deadline_after(timeout_);
+    return at_;
+  }
+
+ private:
+  std::chrono::milliseconds timeout_;
+  Deadline at_ = Deadline::min();  // not read yet
+};
+
 }  // namespace
 
 class EndpointImpl {
@@ -468,13 +500,13 @@ class EndpointImpl {
 
   // Waits for posted send `id`; at the deadline, cancels it.
   Status wait_send(uint64_t id, std::chrono::milliseconds timeout) {
-    const Deadline deadline = deadline_after(timeout);
+    WaitDeadline deadline(timeout);
     std::unique_lock lock(mu_);
     auto it = sends_.find(id);
     if (it == sends_.end()) return FailedPrecondition("this send was waited for already");
     Outgoing& out = it->second;  // map nodes stay put; only this call erases it
     while (out.stage != Stage::kDone) {
-      if (!broken_.ok() || Clock::now() >= deadline) {
+      if (!broken_.ok() || Clock::now() >= deadline.get()) {
         cut_short(lock, id, out);  // (progress_sends does nothing once broken)
         continue;
       }
@@ -529,7 +561,7 @@ class EndpointImpl {
   // Waits for the message of receive `seq`: its size. At the deadline the
   // receive is withdrawn (see Endpoint::receive).
   Result<uint64_t> wait_receive(uint64_t seq, std::chrono::milliseconds timeout) {
-    const Deadline deadline = deadline_after(timeout);
+    WaitDeadline deadline(timeout);
     // Credits held back go now, even when the message is here already, once
     // they are as many as the peer still holds: a receiver that keeps up
     // with a fast sender would otherwise hold them until it falls behind,
@@ -555,22 +587,25 @@ class EndpointImpl {
       if (handle.valid()) manager_.release(handle).ignore();
       Status withdrawn = write_frame(FrameBuilder(Frame::kWithdrawn).u64(seq).u64(0));
       lock.lock();
-      if (withdrawn.ok() && !await(lock, Clock::now() + kWithdrawGrace, answered)) {
+      WaitDeadline grace(kWithdrawGrace);
+      if (withdrawn.ok() && !await(lock, grace, answered)) {
         lock.unlock();
         break_with(DeadlineExceeded("the peer did not answer a withdrawn receive"));
         lock.lock();
       }
     }
-    Receive done = std::move(receive);
-    waiting_.erase(seq);
-    if (!done.answered) {
-      done.status = broken_;
-      if (done.status.ok()) done.status = DeadlineExceeded("no message came in time");
+    Status status = std::move(receive.status);
+    if (!receive.answered) {
+      status = broken_;
+      if (status.ok()) status = DeadlineExceeded("no message came in time");
     }
+    const uint64_t size = receive.size;
+    const RemoteBuffer handle = std::move(receive.handle);
+    waiting_.erase(seq);
     lock.unlock();
-    if (done.handle.valid()) manager_.release(done.handle).ignore();  // NotFound when withdrawn
-    if (!done.status.ok()) return done.status;
-    return done.size;
+    if (handle.valid()) manager_.release(handle).ignore();  // NotFound when withdrawn
+    if (!status.ok()) return status;
+    return size;
   }
 
   // Gives up receive `seq` without waiting: once this returns, no byte lands
@@ -1172,18 +1207,7 @@ class EndpointImpl {
     while (true) {
       {
         std::lock_guard lock(write_mu_);
-        std::span<const std::span<const uint8_t>> all = pieces;
-        std::span<const uint8_t> few[4];  // a frame's pieces and the credits: no vector
-        if (!deferred_.empty() && pieces.size() < std::size(few)) {
-          few[0] = deferred_;
-          std::copy(pieces.begin(), pieces.end(), few + 1);
-          all = std::span(few, pieces.size() + 1);
-        } else if (!deferred_.empty()) {
-          ring_pieces_.assign(1, deferred_);
-          ring_pieces_.insert(ring_pieces_.end(), pieces.begin(), pieces.end());
-          all = ring_pieces_;
-        }
-        RDMABUF_ASSIGN_OR_RETURN(bool wrote, shm_->write_whole(all));
+        RDMABUF_ASSIGN_OR_RETURN(bool wrote, shm_->write_whole(deferred_, pieces));
         if (wrote) {
           deferred_sent();
           if (shm_->doorbell_requested()) ring_doorbell();
@@ -1296,7 +1320,7 @@ class EndpointImpl {
   // Sends a request built by `fill(request id)` and waits for its reply.
   template <typename Fill>
   Result<Reply> call(FrameBuilder& request, Fill fill, std::chrono::milliseconds timeout) {
-    const Deadline deadline = deadline_after(timeout);
+    WaitDeadline deadline(timeout);
     uint64_t id;
     {
       std::lock_guard lock(mu_);
@@ -1323,7 +1347,8 @@ class EndpointImpl {
   template <typename T>
   Result<T> take_next(std::deque<T>& queue, std::chrono::milliseconds timeout, const char* late) {
     std::unique_lock lock(mu_);
-    if (!await(lock, deadline_after(timeout), [&] { return !queue.empty() || !broken_.ok(); })) {
+    WaitDeadline deadline(timeout);
+    if (!await(lock, deadline, [&] { return !queue.empty() || !broken_.ok(); })) {
       return DeadlineExceeded(late);
     }
     if (queue.empty()) return broken_;
@@ -1353,7 +1378,7 @@ class EndpointImpl {
   // coming and the return (a read costs about 40 ns here: as much as the
   // rest of taking a small message).
   template <typename Pred>
-  bool await(std::unique_lock<std::mutex>& lock, Deadline deadline, Pred ready) {
+  bool await(std::unique_lock<std::mutex>& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set once this thread spins
     auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
     if (has_deferred_.load() && !ready()) {  // what we wait for may depend on it
@@ -1372,8 +1397,8 @@ class EndpointImpl {
         continue;
       }
       const Deadline now = Clock::now();
-      if (now >= deadline) return false;
-      if (spin_until == Deadline::min()) spin_until = std::min(deadline, now + busy_poll_);
+      if (now >= deadline.get()) return false;
+      if (spin_until == Deadline::min()) spin_until = std::min(deadline.get(), now + busy_poll_);
       if (may_lead() || now < spin_until) {
         // Spinning; or the role is free but try_lock failed anyway (it may,
         // spuriously): try again after letting go of mu_, never by waiting
@@ -1383,7 +1408,7 @@ class EndpointImpl {
         lock.lock();
       } else {
         ++sleepers_;
-        cv_.wait_until(lock, deadline, [&] { return ready() || may_lead(); });
+        cv_.wait_until(lock, deadline.get(), [&] { return ready() || may_lead(); });
         --sleepers_;
       }
     }
@@ -1403,7 +1428,7 @@ class EndpointImpl {
   // the caller's own look at what it waited for take mu_ once. False when
   // it stopped at the deadline.
   template <typename Pred>
-  bool lead(std::unique_lock<std::mutex>& lock, Deadline deadline, Pred ready) {
+  bool lead(std::unique_lock<std::mutex>& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set when a look finds nothing
     Status st;
     bool in_time = true;
@@ -1424,7 +1449,7 @@ class EndpointImpl {
       if (progressed) wake_sleepers();
       lock.unlock();
       const Deadline now = Clock::now();
-      if (now >= deadline) {
+      if (now >= deadline.get()) {
         in_time = false;
         lock.lock();
         break;
@@ -1433,10 +1458,10 @@ class EndpointImpl {
         spin_until = Deadline::min();  // spin afresh
         continue;
       }
-      if (spin_until == Deadline::min()) spin_until = std::min(deadline, now + busy_poll_);
+      if (spin_until == Deadline::min()) spin_until = std::min(deadline.get(), now + busy_poll_);
       if (now < spin_until) {
         relax();
-      } else if (!sleep_on_channel(deadline)) {
+      } else if (!sleep_on_channel(deadline.get())) {
         lock.lock();
         break;  // closing; other outcomes: the next pump tells
       }
@@ -1582,13 +1607,8 @@ class EndpointImpl {
     bool read_once = false;
     while (true) {
       while (in_end_ - in_begin_ >= kHeaderSize) {
-        WireReader r(std::span<const uint8_t>(in_.get() + in_begin_, kHeaderSize));
-        const uint32_t size = r.get<uint32_t>();
-        const auto type = static_cast<Frame>(r.get<uint8_t>());
-        if (size > kMaxPayload) {
-          return ProtocolError("endpoint frame of " + std::to_string(size) + " bytes (at most " +
-                               std::to_string(kMaxPayload) + ")");
-        }
+        const auto [size, type] = read_header(in_.get() + in_begin_);
+        if (size > kMaxPayload) return payload_too_large(size);
         if (in_end_ - in_begin_ < kHeaderSize + size) break;
         if (type == Frame::kNotify && notes_full()) {
           signal_eventfd(wake_.get());
@@ -1622,10 +1642,12 @@ class EndpointImpl {
   // frame up to kSmallFrame bytes is copied whole onto the stack first (the
   // peer may write the ring meanwhile), then dispatched. Stops at a larger
   // frame, one not whole in one piece, or a notification while the queue is
-  // full: pump() copies those.
+  // full: pump() copies those. A run of messages and credits (kPosted), the
+  // frames of a steady stream, is taken under one hold of mu_.
   Status take_frames_in_place(bool& progressed) {
     constexpr size_t kMostFields = 2 * sizeof(uint64_t);
     uint8_t copy[kHeaderSize + kSmallFrame];
+    std::unique_lock lock(mu_, std::defer_lock);
     while (true) {
       RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
       if (ring.size() < kHeaderSize) return Status::Ok();
@@ -1637,27 +1659,35 @@ class EndpointImpl {
         std::memset(head, 0, sizeof head);
         std::memcpy(head, ring.data(), ring.size());
       }
-      WireReader r(head);
-      const uint32_t size = r.get<uint32_t>();
-      const auto type = static_cast<Frame>(r.get<uint8_t>());
+      const auto [size, type] = read_header(head);
       if (size > kMaxPayload || ring.size() < kHeaderSize + size) return Status::Ok();
+      WireReader r(std::span<const uint8_t>(head + kHeaderSize, kMostFields));
       if (type == Frame::kSentInline || type == Frame::kSentPart) {
         const size_t fields = type == Frame::kSentPart ? kMostFields : sizeof(uint64_t);
         if (size < fields) return Status::Ok();  // malformed: pump() says so
         const uint64_t seq = r.get<uint64_t>();
         auto data = ring.subspan(kHeaderSize + fields, size - fields);
+        if (!lock.owns_lock()) lock.lock();
         if (type == Frame::kSentPart) {
           const uint64_t message_size = r.get<uint64_t>();
           if (data.empty()) return Status::Ok();  // malformed: pump() says so
-          RDMABUF_RETURN_IF_ERROR(take_part(seq, message_size, data));
+          RDMABUF_RETURN_IF_ERROR(fill_receive(seq, message_size, data));
         } else {
-          RDMABUF_RETURN_IF_ERROR(take_answer(type, seq, data.size(), data));
+          RDMABUF_RETURN_IF_ERROR(answer_receive(type, seq, data.size(), data));
         }
       } else {
         if (size > kSmallFrame) return Status::Ok();
-        if (type == Frame::kNotify && notes_full()) return Status::Ok();  // pump() waits
         std::memcpy(copy, ring.data(), kHeaderSize + size);
-        RDMABUF_RETURN_IF_ERROR(dispatch(type, std::span<const uint8_t>(copy + kHeaderSize, size)));
+        const std::span<const uint8_t> payload(copy + kHeaderSize, size);
+        if (type == Frame::kPosted) {
+          RDMABUF_ASSIGN_OR_RETURN(Credit credit, parse_credit(payload));
+          if (!lock.owns_lock()) lock.lock();
+          credits_.push_back(std::move(credit));
+        } else {
+          if (lock.owns_lock()) lock.unlock();
+          if (type == Frame::kNotify && notes_full()) return Status::Ok();  // pump() waits
+          RDMABUF_RETURN_IF_ERROR(dispatch(type, payload));
+        }
       }
       shm_->consume(kHeaderSize + size);
       progressed = true;
@@ -1672,9 +1702,7 @@ class EndpointImpl {
     while (ring.size() - at >= kHeaderSize) {
       uint8_t head[kHeaderSize];
       std::memcpy(head, ring.data() + at, kHeaderSize);  // the peer may write the ring
-      WireReader r(head);
-      const uint32_t size = r.get<uint32_t>();
-      const auto type = static_cast<Frame>(r.get<uint8_t>());
+      const auto [size, type] = read_header(head);
       if (type == Frame::kSentInline || type == Frame::kSentPart) break;
       if (size > kMaxPayload || ring.size() - at - kHeaderSize < size) break;
       at += kHeaderSize + size;
@@ -1709,9 +1737,8 @@ class EndpointImpl {
   }
 
   // The answer of `type` (kSent, kTooLarge, kNotTaken, kSentInline with
-  // `data`) for receive `seq`; `size`: the message's.
-  Status take_answer(Frame type, uint64_t seq, uint64_t size, std::span<const uint8_t> data) {
-    std::lock_guard lock(mu_);
+  // `data`) for receive `seq`; `size`: the message's. mu_ held.
+  Status answer_receive(Frame type, uint64_t seq, uint64_t size, std::span<const uint8_t> data) {
     Receive* answered = waiting_.find(seq);
     if (answered == nullptr || answered->answered) {
       return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
@@ -1753,9 +1780,8 @@ class EndpointImpl {
 
   // The next bytes of the message for receive `seq`, `size` bytes in all:
   // copied into the receive's memory, which the receive is answered with
-  // once every byte came (an abandoned one drops them).
-  Status take_part(uint64_t seq, uint64_t size, std::span<const uint8_t> data) {
-    std::lock_guard lock(mu_);
+  // once every byte came (an abandoned one drops them). mu_ held.
+  Status fill_receive(uint64_t seq, uint64_t size, std::span<const uint8_t> data) {
     Receive* filled = waiting_.find(seq);
     if (filled == nullptr || filled->answered) {
       return ProtocolError("endpoint message part for receive " + std::to_string(seq) +
@@ -1879,25 +1905,34 @@ class EndpointImpl {
     }
   }
 
+  // The credit a kPosted frame's payload carries.
+  static Result<Credit> parse_credit(std::span<const uint8_t> payload) {
+    WireReader r(payload);
+    const uint64_t seq = r.get<uint64_t>();
+    const uint64_t capacity = r.get<uint64_t>();
+    auto handle = r.view(r.get<uint16_t>());
+    if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint credit");
+    Credit credit{seq, capacity, {}};
+    if (!handle.empty()) {
+      auto buffer = RemoteBuffer::from_bytes(handle);
+      if (!buffer.ok()) {
+        return ProtocolError("endpoint credit with a bad handle: " + buffer.status().message());
+      }
+      credit.buffer = std::move(buffer).value();
+    }
+    if (credit.buffer.valid() && capacity > credit.buffer.size()) {
+      return ProtocolError("endpoint credit larger than its buffer");
+    }
+    return credit;
+  }
+
+  // Takes one frame of the peer's (reader role held; inside pump(), whose
+  // caller wakes the callers waiting on cv_ once a frame was taken).
   Status dispatch(Frame type, std::span<const uint8_t> payload) {
     WireReader r(payload);
     switch (type) {
       case Frame::kPosted: {
-        const uint64_t seq = r.get<uint64_t>();
-        const uint64_t capacity = r.get<uint64_t>();
-        auto handle = r.view(r.get<uint16_t>());
-        if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint credit");
-        Credit credit{seq, capacity, {}};
-        if (!handle.empty()) {
-          auto buffer = RemoteBuffer::from_bytes(handle);
-          if (!buffer.ok()) {
-            return ProtocolError("endpoint credit with a bad handle: " + buffer.status().message());
-          }
-          credit.buffer = std::move(buffer).value();
-        }
-        if (credit.buffer.valid() && capacity > credit.buffer.size()) {
-          return ProtocolError("endpoint credit larger than its buffer");
-        }
+        RDMABUF_ASSIGN_OR_RETURN(Credit credit, parse_credit(payload));
         std::lock_guard lock(mu_);
         credits_.push_back(std::move(credit));
         break;
@@ -1911,14 +1946,16 @@ class EndpointImpl {
         const uint64_t size = inline_data ? r.remaining() : r.get<uint64_t>();
         auto data = r.view(inline_data ? r.remaining() : 0);
         if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint answer");
-        return take_answer(type, seq, size, data);
+        std::lock_guard lock(mu_);
+        return answer_receive(type, seq, size, data);
       }
       case Frame::kSentPart: {
         const uint64_t seq = r.get<uint64_t>();
         const uint64_t size = r.get<uint64_t>();
         auto data = r.view(r.remaining());
         if (!r.ok() || data.empty()) return ProtocolError("malformed endpoint message part");
-        return take_part(seq, size, data);
+        std::lock_guard lock(mu_);
+        return fill_receive(seq, size, data);
       }
       case Frame::kWithdrawn: {
         const uint64_t seq = r.get<uint64_t>();
@@ -2013,8 +2050,7 @@ class EndpointImpl {
         return ProtocolError("unknown endpoint frame type " +
                              std::to_string(static_cast<int>(type)));
     }
-    cv_.notify_all();
-    return Status::Ok();
+    return Status::Ok();  // whoever pumped wakes the callers: it progressed
   }
 
   Status reply(Frame type, uint64_t id, const Status& status, uint64_t value,
@@ -2240,7 +2276,6 @@ class EndpointImpl {
   std::atomic<bool> has_deferred_{false};
   // What one write gathers (under write_mu_; kept for their capacity).
   std::vector<iovec> socket_pieces_;
-  std::vector<std::span<const uint8_t>> ring_pieces_;
   // The credits held back in deferred_, and those sent that the peer has
   // not answered yet (see wait_receive). Counts for a heuristic: read
   // without a lock.

@@ -161,8 +161,9 @@ Result<size_t> ShmChannel::write_some(std::span<const std::span<const uint8_t>> 
   return written;
 }
 
-Result<bool> ShmChannel::write_whole(std::span<const std::span<const uint8_t>> pieces) {
-  size_t wanted = 0;
+Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
+                                     std::span<const std::span<const uint8_t>> pieces) {
+  size_t wanted = first.size();
   for (const auto& piece : pieces)
     wanted += piece.size();
   if (wanted > kRingBytes) {
@@ -170,7 +171,8 @@ Result<bool> ShmChannel::write_whole(std::span<const std::span<const uint8_t>> p
   }
   RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(wanted));
   if (room < wanted) return false;
-  size_t written = 0;
+  copy_in(first, 0);
+  size_t written = first.size();
   for (const auto& piece : pieces) {
     copy_in(piece, written);
     written += piece.size();

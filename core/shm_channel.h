@@ -63,10 +63,12 @@ class ShmChannel {
   // them: a frame's header and its payload with no copy in between, and
   // published to the reader at once.
   Result<size_t> write_some(std::span<const std::span<const uint8_t>> pieces, size_t skip);
-  // Copies all the bytes of `pieces` into the outgoing ring, or none when
-  // it has not room for them all: whether it did. kProtocolError when the
-  // peer corrupted the ring; kInvalidArgument for more than ring_bytes().
-  Result<bool> write_whole(std::span<const std::span<const uint8_t>> pieces);
+  // Copies all the bytes of `first`, then of `pieces`, into the outgoing
+  // ring, or none when it has not room for them all: whether it did.
+  // kProtocolError when the peer corrupted the ring; kInvalidArgument for
+  // more than ring_bytes().
+  Result<bool> write_whole(std::span<const uint8_t> first,
+                           std::span<const std::span<const uint8_t>> pieces);
   // Copies up to `size` bytes out of the incoming ring: how many, 0 when it
   // is empty. kProtocolError when the peer corrupted the ring.
   Result<size_t> read_some(uint8_t* out, size_t size);

@@ -473,6 +473,54 @@ TEST_F(ShmChannelTest, AFullRingHoldsExactlyRingBytesAndAReadMakesRoom) {
   EXPECT_TRUE(matches_pattern(got.data(), 0, back.size(), kOpenerToCreator));
 }
 
+TEST_F(ShmChannelTest, AWholeWriteGoesInEntirelyOrNotAtAllAcrossTheEnd) {
+  const size_t ring = ShmChannel::ring_bytes();
+  const std::vector<uint8_t> data = pattern(0, 2 * ring, kCreatorToOpener);
+  std::vector<uint8_t> got(ring);
+  // Fill all but 40 bytes, and read 1000 back: the tail sits 40 bytes
+  // before the end, with 1040 bytes of room, part of it past the end.
+  ASSERT_EQ(put(*creator_, data.data(), ring - 40), ring - 40);
+  ASSERT_EQ(take(*opener_, got.data(), 1000), 1000u);
+  uint64_t written = ring - 40;
+
+  // `first` (an empty one too) and the pieces go in together, in order.
+  const std::span<const uint8_t> pieces[] = {{data.data() + written + 30, 0},
+                                             {data.data() + written + 30, 70}};
+  auto wrote = creator_->write_whole({data.data() + written, 30}, pieces);
+  ASSERT_TRUE(wrote.ok()) << wrote.status().to_string();
+  EXPECT_TRUE(*wrote);
+  written += 100;
+
+  // 940 bytes of room: 900 go in; then 41 more do not, not even in part,
+  // and 40 do.
+  wrote = creator_->write_whole({data.data() + written, 900}, std::span(pieces, 0));
+  ASSERT_TRUE(wrote.ok());
+  EXPECT_TRUE(*wrote);
+  const std::span<const uint8_t> tail[] = {{data.data() + written + 900, 41}};
+  wrote = creator_->write_whole({}, tail);
+  ASSERT_TRUE(wrote.ok());
+  EXPECT_FALSE(*wrote);
+  const std::span<const uint8_t> fits[] = {{data.data() + written + 900, 40}};
+  wrote = creator_->write_whole({}, fits);
+  ASSERT_TRUE(wrote.ok());
+  EXPECT_TRUE(*wrote);
+  written += 940;
+
+  // Everything comes out in order: what the first fill left, then the rest.
+  uint64_t read = 1000;
+  while (read < written) {
+    const size_t n = take(*opener_, got.data(), got.size());
+    ASSERT_GT(n, 0u);
+    ASSERT_TRUE(matches_pattern(got.data(), read, n, kCreatorToOpener)) << "at " << read;
+    read += n;
+  }
+  EXPECT_EQ(read, written);
+
+  // More than the ring holds is an error, not a wait.
+  wrote = creator_->write_whole({data.data(), ring + 1}, std::span(pieces, 0));
+  EXPECT_EQ(wrote.status().code(), StatusCode::kInvalidArgument);
+}
+
 // --- 4. Two threads ----------------------------------------------------------
 
 TEST_F(ShmChannelTest, TwoThreadsStream64MiBInRandomPieces) {
