@@ -144,15 +144,18 @@ class FrameBytes {
   size_t size() const { return size_; }
   uint8_t* data() { return heap_.empty() ? in_place_.data() : heap_.data(); }
   void resize(size_t size) {
-    if (size > kInlineBytes && heap_.size() < size) {
-      const bool was_in_place = heap_.empty();
-      heap_.resize(std::max(size, 2 * std::max(heap_.size(), kInlineBytes)));
-      if (was_in_place) std::memcpy(heap_.data(), in_place_.data(), size_);
-    }
+    if (size > kInlineBytes && heap_.size() < size) grow(size);
     size_ = size;
   }
 
  private:
+  // Out of line: resize() is on every frame's path, growing on few.
+  [[gnu::noinline]] void grow(size_t size) {
+    const bool was_in_place = heap_.empty();
+    heap_.resize(std::max(size, 2 * std::max(heap_.size(), kInlineBytes)));
+    if (was_in_place) std::memcpy(heap_.data(), in_place_.data(), size_);
+  }
+
   std::array<uint8_t, kInlineBytes> in_place_;
   std::vector<uint8_t> heap_;
   size_t size_ = 0;
@@ -1270,7 +1273,6 @@ class EndpointImpl {
           return;
         }
       } else {
-        if (!read_mu_.try_lock()) return;
         reading_ = true;
         reader_id_ = std::this_thread::get_id();
         took = true;
@@ -1360,7 +1362,7 @@ class EndpointImpl {
   // --- progress: whoever waits reads --------------------------------------------------
   //
   // Frames are read and dispatched, in order, by whichever thread holds the
-  // reader role (read_mu_). A caller that waits for the peer (a credit, a
+  // reader role (reading_). A caller that waits for the peer (a credit, a
   // message, a reply) takes the role and reads the socket itself, so what it
   // waits for reaches it without a hand-off between threads; other callers
   // follow on cv_ and take the role when it comes free. When no caller has
@@ -1389,7 +1391,7 @@ class EndpointImpl {
     bool past_deadline = false;  // as lead() found it
     while (!ready()) {
       if (past_deadline) return false;
-      if (may_lead() && read_mu_.try_lock()) {
+      if (may_lead()) {
         reading_ = true;
         reader_id_ = std::this_thread::get_id();
         lock.unlock();
@@ -1399,10 +1401,7 @@ class EndpointImpl {
       const Deadline now = Clock::now();
       if (now >= deadline.get()) return false;
       if (spin_until == Deadline::min()) spin_until = std::min(deadline.get(), now + busy_poll_);
-      if (may_lead() || now < spin_until) {
-        // Spinning; or the role is free but try_lock failed anyway (it may,
-        // spuriously): try again after letting go of mu_, never by waiting
-        // on cv_, which would return at once with mu_ still held.
+      if (now < spin_until) {
         lock.unlock();
         std::this_thread::yield();
         lock.lock();
@@ -1477,12 +1476,10 @@ class EndpointImpl {
     return in_time;
   }
 
-  // The endpoint's thread takes the reader role if it is free. Under mu_,
-  // as await() does: reading_ says the truth whenever mu_ is free, so a
-  // caller never waits for a role that is held but not marked.
+  // The endpoint's thread takes the reader role if it is free.
   bool take_role() {
     std::lock_guard lock(mu_);
-    if (reading_ || !read_mu_.try_lock()) return false;
+    if (reading_) return false;
     reading_ = true;
     reader_id_ = std::this_thread::get_id();
     return true;
@@ -1497,7 +1494,6 @@ class EndpointImpl {
   // for it or for what was read.
   void release_role() {
     reading_ = false;
-    read_mu_.unlock();
     wake_sleepers();
   }
 
@@ -2234,8 +2230,6 @@ class EndpointImpl {
   Fd wake_;        // readable when the endpoint's thread has work: notifications, sends
   Fd sends_wake_;  // readable when a send's write finished while a caller read
   Fd events_;      // epoll: stop_, wake_, and fd_ while no caller reads it
-  // The reader role: its holder alone reads fd_ and dispatches (in_).
-  std::mutex read_mu_;
   std::atomic<uint64_t> leads_{0};  // how many times a caller gave the reader role back
   uint64_t leads_seen_ = 0;         // the endpoint's thread alone (led_lately)
   std::unique_ptr<uint8_t[]> in_;   // bytes read, [in_begin_, in_end_) not yet taken
@@ -2250,8 +2244,11 @@ class EndpointImpl {
   int sleepers_ = 0;                   // waiting on cv_ now
   std::condition_variable leases_cv_;  // the lease keeper
   Status broken_;                      // OK while usable
-  bool reading_ = false;               // the reader role is held
-  std::thread::id reader_id_;          // by this thread, while reading_
+  // The reader role, taken and given back under mu_: its holder alone
+  // reads fd_ and the ring and dispatches (in_, in_begin_, in_end_,
+  // peer_closed_, held_replies_, reply_depth_).
+  bool reading_ = false;
+  std::thread::id reader_id_;  // its holder, while reading_
   // The reader role's holder alone: replies held while it pumps, and how
   // deep it is in writing them (see read_while_blocked).
   std::vector<uint8_t> held_replies_;
