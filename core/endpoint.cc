@@ -1434,8 +1434,8 @@ class EndpointImpl {
     auto done = [&] { return ready() || notes_.size() >= kMaxPendingNotes; };
     while (true) {
       bool progressed = false;
-      st = pump(progressed);
-      lock.lock();
+      st = pump(progressed, lock);
+      if (!lock.owns_lock()) lock.lock();
       if (st.ok() && send_work_ready()) {
         // Credits came for posted sends, or their writes finished: whatever
         // this caller waits for, the sends go on.
@@ -1586,11 +1586,15 @@ class EndpointImpl {
   // replies the dispatches wrote are held meanwhile and written at the end;
   // inside a write to the TCP connection (whose lock this thread holds),
   // by the next pump instead.
-  Status pump(bool& progressed) {
+  // `lock`, on mu_ and not held on entry, may be held on return: the
+  // frames taken last were messages or credits, taken under it, and the
+  // caller's next step is to take it anyway.
+  Status pump(bool& progressed, std::unique_lock<std::mutex>& lock) {
     t_pumping = this;
-    Status st = pump_frames(progressed);
+    Status st = pump_frames(progressed, lock);
     t_pumping = nullptr;
     if (held_replies_.empty() || t_writing_socket == this) return st;
+    if (lock.owns_lock()) lock.unlock();  // a write may wait, and read meanwhile
     const std::vector<uint8_t> replies = std::move(held_replies_);
     held_replies_.clear();
     const std::span<const uint8_t> pieces[] = {replies};
@@ -1599,7 +1603,12 @@ class EndpointImpl {
     --reply_depth_;
     return st.ok() ? wrote : st;
   }
-  Status pump_frames(bool& progressed) {
+  // pump(), returning with mu_ free.
+  Status pump(bool& progressed) {
+    std::unique_lock lock(mu_, std::defer_lock);
+    return pump(progressed, lock);
+  }
+  Status pump_frames(bool& progressed, std::unique_lock<std::mutex>& lock) {
     bool read_once = false;
     while (true) {
       while (in_end_ - in_begin_ >= kHeaderSize) {
@@ -1616,11 +1625,12 @@ class EndpointImpl {
         progressed = true;
       }
       if (shm_ && in_begin_ == in_end_) {
-        RDMABUF_RETURN_IF_ERROR(take_frames_in_place(progressed));
+        RDMABUF_RETURN_IF_ERROR(take_frames_in_place(progressed, lock));
         // Nothing more came: no read to try (peer_closed_: the read says so).
         if (!shm_->has_incoming() && !peer_closed_) return Status::Ok();
       }
       if (read_once) return Status::Ok();
+      if (lock.owns_lock()) lock.unlock();  // dispatch takes it
       // Keep what is left of a frame at the front, then read more.
       std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
       in_end_ -= in_begin_;
@@ -1639,11 +1649,11 @@ class EndpointImpl {
   // peer may write the ring meanwhile), then dispatched. Stops at a larger
   // frame, one not whole in one piece, or a notification while the queue is
   // full: pump() copies those. A run of messages and credits (kPosted), the
-  // frames of a steady stream, is taken under one hold of mu_.
-  Status take_frames_in_place(bool& progressed) {
+  // frames of a steady stream, is taken under one hold of mu_ (`lock`,
+  // which it leaves held after them: see pump()).
+  Status take_frames_in_place(bool& progressed, std::unique_lock<std::mutex>& lock) {
     constexpr size_t kMostFields = 2 * sizeof(uint64_t);
     uint8_t copy[kHeaderSize + kSmallFrame];
-    std::unique_lock lock(mu_, std::defer_lock);
     while (true) {
       RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
       if (ring.size() < kHeaderSize) return Status::Ok();
