@@ -1648,9 +1648,9 @@ class EndpointImpl {
   // frame up to kSmallFrame bytes is copied whole onto the stack first (the
   // peer may write the ring meanwhile), then dispatched. Stops at a larger
   // frame, one not whole in one piece, or a notification while the queue is
-  // full: pump() copies those. A run of messages and credits (kPosted), the
-  // frames of a steady stream, is taken under one hold of mu_ (`lock`,
-  // which it leaves held after them: see pump()).
+  // full: pump() copies those. A run of small messages and credits
+  // (kPosted), the frames of a steady stream, is taken under one hold of
+  // mu_ (`lock`, which it leaves held after them: see pump()).
   Status take_frames_in_place(bool& progressed, std::unique_lock<std::mutex>& lock) {
     constexpr size_t kMostFields = 2 * sizeof(uint64_t);
     uint8_t copy[kHeaderSize + kSmallFrame];
@@ -1678,6 +1678,10 @@ class EndpointImpl {
           const uint64_t message_size = r.get<uint64_t>();
           if (data.empty()) return Status::Ok();  // malformed: pump() says so
           RDMABUF_RETURN_IF_ERROR(fill_receive(seq, message_size, data));
+          // A part's copy (up to 8 KiB) is the longest hold of mu_: let go
+          // after each, so that a long message keeps other callers out
+          // for one part at a time, not for all of it.
+          lock.unlock();
         } else {
           RDMABUF_RETURN_IF_ERROR(answer_receive(type, seq, data.size(), data));
         }
