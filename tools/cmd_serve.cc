@@ -45,17 +45,21 @@ class EndpointServer {
       for (auto& endpoint : endpoints_)
         endpoint->close();  // the receivers' calls end
     }
+    listener_->close();  // the acceptor's accept returns kCancelled
     acceptor_.join();
     for (std::thread& t : receivers_)
       t.join();
   }
 
  private:
+  // One accept at a time, each as long as it takes, until close(): a
+  // handshake still under way at an accept's deadline is dropped, so short
+  // accepts in a loop would refuse slow peers (a client under valgrind).
   void accept_loop() {
     while (true) {
-      auto endpoint = listener_->accept(std::chrono::milliseconds(200));
+      auto endpoint = listener_->accept(std::chrono::hours(24));
       std::lock_guard lock(mu_);
-      if (stopping_) return;
+      if (stopping_ || endpoint.status().code() == StatusCode::kCancelled) return;
       if (!endpoint.ok()) continue;
       Endpoint* e = endpoint->get();
       endpoints_.push_back(std::move(endpoint).value());

@@ -239,8 +239,11 @@ class EndpointListener {
   // rdmabuf endpoint, gone midway, or not done within 5 s) is dropped with
   // a warning in the log, and accept goes on waiting: its errors are about
   // the listener, never one peer. kDeadlineExceeded when no peer completed
-  // the handshake in time; kCancelled once close() was called;
-  // kUnavailable when the listening socket itself fails.
+  // the handshake in time; a handshake still under way then is dropped
+  // too (its peer's connect fails), so a server should wait in accept for
+  // as long as it serves and stop it with close(), not poll it with short
+  // timeouts. kCancelled once close() was called; kUnavailable when the
+  // listening socket itself fails.
   Result<std::unique_ptr<Endpoint>> accept(std::chrono::milliseconds timeout);
 
   // "HOST:PORT" to give to Manager::connect (the port chosen when 0).

@@ -1,0 +1,94 @@
+// rdmabuf_ping_pong: the client half of an endpoint ping-pong, for counting
+// the library's instructions per message (scripts/count-instructions.sh).
+//
+//   rdmabuf_ping_pong ADDRESS [SIZE] [TRIPS]
+//
+// Connects to ADDRESS (`rdmabuf serve --endpoint` echoes what it is sent),
+// then TRIPS times (default 20000): posts a receive of SIZE bytes (default
+// 8), sends SIZE bytes and waits for the echo, as `rdmabuf bench --op send`
+// measures latency, after 1000 warm-up trips. Prints "trips N" and the
+// median one-way time; exits non-zero on any error. Not installed.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "rdmabuf/rdmabuf.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kTimeout = std::chrono::seconds(30);  // valgrind is slow
+
+constexpr long kWarmUp = 1000;
+
+// `trips` round trips; each one's half in µs goes into `one_way_us`.
+rdmabuf::Status round_trips(rdmabuf::Endpoint& endpoint, const rdmabuf::LocalMemory& ping,
+                            const rdmabuf::LocalMemory& pong, long trips,
+                            std::vector<double>& one_way_us) {
+  for (long i = 0; i < trips; ++i) {
+    const auto start = Clock::now();
+    auto posted = endpoint.post_receive(pong);
+    if (!posted.ok()) return posted.status().with_context("posting a receive");
+    RDMABUF_RETURN_IF_ERROR(endpoint.send(ping, kTimeout));
+    auto echoed = posted->wait(kTimeout);
+    if (!echoed.ok()) return echoed.status().with_context("waiting for the echo");
+    one_way_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() /
+                         2);
+  }
+  return rdmabuf::Status::Ok();
+}
+
+// The trips that count: scripts/count-instructions.sh counts only inside
+// this function (callgrind --toggle-collect), so it stays one of its own.
+[[gnu::noinline]] rdmabuf::Status measured_round_trips(rdmabuf::Endpoint& endpoint,
+                                                       const rdmabuf::LocalMemory& ping,
+                                                       const rdmabuf::LocalMemory& pong, long trips,
+                                                       std::vector<double>& one_way_us) {
+  return round_trips(endpoint, ping, pong, trips, one_way_us);
+}
+
+int fail(const char* what, const rdmabuf::Status& status) {
+  std::fprintf(stderr, "rdmabuf_ping_pong: %s: %s\n", what, status.to_string().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || argc > 4) {
+    std::fprintf(stderr, "usage: rdmabuf_ping_pong ADDRESS [SIZE] [TRIPS]\n");
+    return 2;
+  }
+  const size_t size = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 8;
+  const long trips = argc > 3 ? std::strtol(argv[3], nullptr, 10) : 20000;
+  if (size == 0 || trips <= 0) {
+    std::fprintf(stderr, "rdmabuf_ping_pong: SIZE and TRIPS must be > 0\n");
+    return 2;
+  }
+  auto manager = rdmabuf::Manager::create();
+  if (!manager.ok()) return fail("creating the manager", manager.status());
+  auto connected = (*manager)->connect(argv[1], kTimeout);
+  if (!connected.ok()) return fail("connecting", connected.status());
+  rdmabuf::Endpoint& endpoint = **connected;
+  auto ping = rdmabuf::LocalMemory::allocate(size);
+  auto pong = rdmabuf::LocalMemory::allocate(size);
+  if (!ping.ok() || !pong.ok()) return fail("allocating", ping.status());
+  std::memset(ping->data(), 'E', size);  // 'E': the server echoes it
+
+  // Warm-up trips first (connection set-up, first touches, the peer's
+  // first receives), outside the function whose instructions count.
+  std::vector<double> one_way_us;
+  rdmabuf::Status warm = round_trips(endpoint, *ping, *pong, kWarmUp, one_way_us);
+  if (!warm.ok()) return fail("warming up", warm);
+  one_way_us.clear();
+  one_way_us.reserve(static_cast<size_t>(trips));
+  rdmabuf::Status done = measured_round_trips(endpoint, *ping, *pong, trips, one_way_us);
+  if (!done.ok()) return fail("ping-pong", done);
+  std::nth_element(one_way_us.begin(), one_way_us.begin() + trips / 2, one_way_us.end());
+  std::printf("trips %ld\nmedian one way %.3f us (channel: %s)\n", trips, one_way_us[trips / 2],
+              endpoint.channel().c_str());
+  return 0;
+}
