@@ -236,15 +236,17 @@ Status send_frame(int fd, FrameBuilder& frame, Deadline deadline, int stop_fd = 
   return send_exact(fd, bytes.data(), bytes.size(), deadline, stop_fd);
 }
 
-// Both sides send a hello and check the other's: the peer's manager id.
-// kCancelled when `stop_fd` (-1: none) fires meanwhile, as in the rest of
-// the handshake.
-Result<uint64_t> greet(int fd, uint64_t manager_id, Deadline deadline, int stop_fd = -1) {
+// Both sides send a hello (send_hello) and check the other's (read_hello):
+// the peer's manager id. kCancelled when `stop_fd` (-1: none) fires
+// meanwhile, as in the rest of the handshake.
+Status send_hello(int fd, uint64_t manager_id, Deadline deadline, int stop_fd = -1) {
   FrameBuilder hello(Frame::kHello);
   hello.fields().put<uint32_t>(kMagic);
   hello.fields().put<uint16_t>(kVersion);
   hello.u64(manager_id);
-  RDMABUF_RETURN_IF_ERROR(send_frame(fd, hello, deadline, stop_fd));
+  return send_frame(fd, hello, deadline, stop_fd);
+}
+Result<uint64_t> read_hello(int fd, Deadline deadline, int stop_fd = -1) {
   Frame type{};
   std::vector<uint8_t> payload;
   RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, stop_fd, type, payload));
@@ -2445,12 +2447,32 @@ void Endpoint::close() {
 
 // --- EndpointListener -------------------------------------------------------------
 
+namespace {
+
+// An accepted connection on its way through the handshake.
+struct Handshake {
+  Fd fd;
+  std::string peer;  // its address, for warnings and Endpoint::peer()
+  Deadline limit;    // kHandshakeLimit after it was accepted
+  bool hello_read = false;
+  uint64_t peer_id = 0;  // once hello_read
+};
+
+}  // namespace
+
 struct EndpointListener::State {
+  State(Manager& m, Fd listening, HostPort bound, Fd stopped)
+      : manager(m), fd(std::move(listening)), address(std::move(bound)), stop(std::move(stopped)) {}
   Manager& manager;
   Fd fd;
   HostPort address;
   Fd stop;  // an eventfd, readable once closed
   std::atomic<bool> closed{false};
+  // Handshakes under way when an accept returned, oldest first: the next
+  // accept goes on with them (each within its own limit), so that short
+  // accepts in a loop refuse no slow peer.
+  std::mutex mu;
+  std::vector<Handshake> unfinished;
 };
 
 EndpointListener::EndpointListener(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -2462,6 +2484,8 @@ void EndpointListener::close() {
   // open until destruction, so a concurrent accept never polls a reused fd.
   ::shutdown(state_->fd.get(), SHUT_RDWR);
   signal_eventfd(state_->stop.get());
+  std::lock_guard lock(state_->mu);
+  state_->unfinished.clear();  // their peers see the end now
 }
 
 std::string EndpointListener::address() const {
@@ -2493,59 +2517,132 @@ bool accept_error_is_the_connections(int error) {
   }
 }
 
+// Handshakes one accept carries on at once, at most; more connections wait
+// in the listening socket's backlog meanwhile.
+constexpr size_t kMostHandshakes = 64;
+
+// That connection, not the listener, failed (it vanished, spoke something
+// else, or did not finish within kHandshakeLimit): dropped, with a warning.
+void drop_connection(const HostPort& listening, const Handshake& h, const Status& why) {
+  const std::string reason = why.code() == StatusCode::kDeadlineExceeded
+                                 ? "it did not complete the handshake within " +
+                                       std::to_string(kHandshakeLimit.count()) + " s"
+                                 : "its handshake failed: " + why.to_string();
+  RDMABUF_LOG_WARN("endpoint listener " + listening.to_string() + ": dropped a connection from " +
+                   (h.peer.empty() ? std::string("a peer already gone") : h.peer) + "; " + reason);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::milliseconds timeout) {
   const Deadline deadline = deadline_after(timeout);
   const Status closed = Cancelled("the listener was closed");
+  const int stop = state_->stop.get();
+  // The handshakes under way, this call's alone while it runs (no other
+  // accept reads them meanwhile); those left go back when it returns, or
+  // are dropped once the listener is closed.
+  std::vector<Handshake> mine;
+  {
+    std::lock_guard lock(state_->mu);
+    std::move(state_->unfinished.begin(), state_->unfinished.end(), std::back_inserter(mine));
+    state_->unfinished.clear();
+  }
+  struct GiveBack {
+    State& state;
+    std::vector<Handshake>& handshakes;
+    ~GiveBack() {
+      std::lock_guard lock(state.mu);
+      if (state.closed.load()) return;  // dropped with `handshakes`
+      std::move(handshakes.begin(), handshakes.end(), std::back_inserter(state.unfinished));
+    }
+  } give_back{*state_, mine};
+
+  std::vector<pollfd> watched;
   while (true) {
     if (state_->closed.load()) return closed;
-    Status ready = wait_fd(state_->fd.get(), POLLIN, deadline, state_->stop.get());
-    if (ready.code() == StatusCode::kCancelled) return closed;
-    RDMABUF_RETURN_IF_ERROR(ready);
-    Fd fd(::accept4(state_->fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (state_->closed.load()) return closed;
-    if (!fd.valid()) {
-      if (errno == EMFILE || errno == ENFILE) {
+    // One poll for the stop signal, new connections (while fewer than
+    // kMostHandshakes are under way) and the next frame of each handshake,
+    // until accept's deadline or the first handshake's limit.
+    Deadline wake = deadline;
+    watched.assign({{stop, POLLIN, 0}, {state_->fd.get(), POLLIN, 0}});
+    if (mine.size() >= kMostHandshakes) watched[1].fd = -1;  // poll skips it
+    for (const Handshake& h : mine) {
+      watched.push_back({h.fd.get(), POLLIN, 0});
+      wake = std::min(wake, h.limit);
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - Clock::now());
+    const int n = ::poll(watched.data(), watched.size(),
+                         static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30)));
+    if (n < 0 && errno != EINTR) return Internal("poll: " + errno_text(errno));
+    if (n > 0 && watched[0].revents != 0) return closed;
+    // Each handshake's next frame, when its first byte came: read whole
+    // within the handshake's limit (a frame begun comes quickly, or the
+    // peer misbehaves). One that is silent past its limit is dropped.
+    const Deadline now = Clock::now();
+    for (size_t i = mine.size(); i-- > 0;) {
+      Handshake& h = mine[i];
+      const bool readable = n > 0 && watched[2 + i].revents != 0;
+      Status failed;
+      if (readable && !h.hello_read) {
+        auto peer_id = read_hello(h.fd.get(), h.limit, stop);
+        if (peer_id.ok()) {
+          h.peer_id = *peer_id;
+          h.hello_read = true;
+          continue;  // its offer follows our hello: the next poll
+        }
+        failed = peer_id.status();
+      } else if (readable) {
+        auto channel = answer_channel(h.fd.get(), state_->manager, h.limit, stop);
+        if (channel.ok()) {
+          Handshake done = std::move(h);
+          mine.erase(mine.begin() + static_cast<ptrdiff_t>(i));
+          RDMABUF_ASSIGN_OR_RETURN(
+              auto impl,
+              EndpointImpl::create(state_->manager, std::move(done.fd), std::move(*channel),
+                                   done.peer.empty() ? "?" : done.peer, done.peer_id));
+          return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
+        }
+        failed = channel.status();
+      } else if (now >= h.limit) {
+        failed = DeadlineExceeded("its handshake's limit passed");
+      } else {
+        continue;
+      }
+      if (failed.code() == StatusCode::kCancelled) return closed;
+      drop_connection(state_->address, h, failed);
+      mine.erase(mine.begin() + static_cast<ptrdiff_t>(i));
+    }
+    if (n > 0 && watched[1].fd >= 0 && watched[1].revents != 0) {
+      Fd fd(::accept4(state_->fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (state_->closed.load()) return closed;
+      if (fd.valid()) {
+        // Now, while the peer is surely there to name in a warning.
+        const auto peer = peer_address(fd.get());
+        tune_data_socket(fd.get());  // no Nagle: frames are small and each is awaited
+        Handshake h;
+        h.fd = std::move(fd);
+        h.peer = peer.ok() ? peer->to_string() : std::string();
+        h.limit = Clock::now() + kHandshakeLimit;
+        // Ours first, as the connecting side does: neither waits for the other's.
+        Status sent = send_hello(h.fd.get(), state_->manager.identity().manager_id, h.limit, stop);
+        if (sent.code() == StatusCode::kCancelled) return closed;
+        if (sent.ok()) {
+          mine.push_back(std::move(h));
+        } else {
+          drop_connection(state_->address, h, sent);
+        }
+      } else if (errno == EMFILE || errno == ENFILE) {
         // The connection stays queued; this process may have fds again soon.
         RDMABUF_LOG_WARN("endpoint listener " + state_->address.to_string() +
                          ": out of file descriptors; a connection waits");
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        continue;
+      } else if (!accept_error_is_the_connections(errno)) {
+        return Unavailable("accept: " + errno_text(errno));
       }
-      if (accept_error_is_the_connections(errno)) continue;
-      return Unavailable("accept: " + errno_text(errno));
     }
-    // Now, while the peer is surely there to name in a warning.
-    const auto peer = peer_address(fd.get());
-    tune_data_socket(fd.get());  // no Nagle: frames are small and each is awaited
-    const int stop = state_->stop.get();
-    const Deadline handshake = std::min(deadline, Clock::now() + kHandshakeLimit);
-    auto peer_id = greet(fd.get(), state_->manager.identity().manager_id, handshake, stop);
-    auto channel = peer_id.ok() ? answer_channel(fd.get(), state_->manager, handshake, stop)
-                                : Result<Channel>(peer_id.status());
-    if (!channel.ok()) {
-      const StatusCode code = channel.status().code();
-      if (code == StatusCode::kCancelled) return closed;
-      if (code == StatusCode::kDeadlineExceeded && Clock::now() >= deadline) {
-        return DeadlineExceeded("no peer completed the endpoint handshake in time");
-      }
-      // That connection, not the listener, failed (it vanished, spoke
-      // something else, or said nothing for kHandshakeLimit): drop it and
-      // wait for the next.
-      const std::string why = code == StatusCode::kDeadlineExceeded
-                                  ? "it did not complete the handshake within " +
-                                        std::to_string(kHandshakeLimit.count()) + " s"
-                                  : "its handshake failed: " + channel.status().to_string();
-      RDMABUF_LOG_WARN(
-          "endpoint listener " + state_->address.to_string() + ": dropped a connection from " +
-          (peer.ok() ? peer->to_string() : std::string("a peer already gone")) + "; " + why);
-      continue;
+    if (Clock::now() >= deadline) {
+      return DeadlineExceeded("no peer completed the endpoint handshake in time");
     }
-    RDMABUF_ASSIGN_OR_RETURN(
-        auto impl, EndpointImpl::create(state_->manager, std::move(fd), std::move(*channel),
-                                        peer.ok() ? peer->to_string() : "?", *peer_id));
-    return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
   }
 }
 
@@ -2558,7 +2655,7 @@ Result<std::unique_ptr<EndpointListener>> Manager::listen(const std::string& add
   RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
   return std::unique_ptr<EndpointListener>(
       new EndpointListener(std::unique_ptr<EndpointListener::State>(
-          new EndpointListener::State{*this, std::move(fd), std::move(bound), std::move(stop)})));
+          new EndpointListener::State(*this, std::move(fd), std::move(bound), std::move(stop)))));
 }
 
 Result<std::unique_ptr<Endpoint>> Manager::connect(const std::string& address,
@@ -2566,7 +2663,8 @@ Result<std::unique_ptr<Endpoint>> Manager::connect(const std::string& address,
   const Deadline deadline = deadline_after(timeout);
   RDMABUF_ASSIGN_OR_RETURN(HostPort where, parse_host_port(address));
   RDMABUF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(where, deadline));
-  RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id, greet(fd.get(), identity().manager_id, deadline));
+  RDMABUF_RETURN_IF_ERROR(send_hello(fd.get(), identity().manager_id, deadline));
+  RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id, read_hello(fd.get(), deadline));
   RDMABUF_ASSIGN_OR_RETURN(Channel channel, offer_channel(fd.get(), *this, deadline));
   RDMABUF_ASSIGN_OR_RETURN(auto impl, EndpointImpl::create(*this, std::move(fd), std::move(channel),
                                                            where.to_string(), peer_id));

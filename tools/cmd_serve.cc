@@ -52,9 +52,8 @@ class EndpointServer {
   }
 
  private:
-  // One accept at a time, each as long as it takes, until close(): a
-  // handshake still under way at an accept's deadline is dropped, so short
-  // accepts in a loop would refuse slow peers (a client under valgrind).
+  // One accept at a time, each as long as it takes, until close() wakes
+  // it: no polling.
   void accept_loop() {
     while (true) {
       auto endpoint = listener_->accept(std::chrono::hours(24));

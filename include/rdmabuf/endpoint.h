@@ -238,12 +238,14 @@ class EndpointListener {
   // greeting checked out. A connection that fails the handshake (not an
   // rdmabuf endpoint, gone midway, or not done within 5 s) is dropped with
   // a warning in the log, and accept goes on waiting: its errors are about
-  // the listener, never one peer. kDeadlineExceeded when no peer completed
-  // the handshake in time; a handshake still under way then is dropped
-  // too (its peer's connect fails), so a server should wait in accept for
-  // as long as it serves and stop it with close(), not poll it with short
-  // timeouts. kCancelled once close() was called; kUnavailable when the
-  // listening socket itself fails.
+  // the listener, never one peer. Handshakes go on side by side (up to 64
+  // at once), so a silent connection holds up no other. kDeadlineExceeded
+  // when no peer completed the handshake in time; the handshakes still
+  // under way then are kept for the next accept, each within its own 5 s,
+  // so short accepts in a loop refuse no slow peer. (A frame a peer has
+  // begun is read whole first: an accept may overrun its timeout by that.)
+  // kCancelled once close() was called, which also drops the handshakes
+  // kept; kUnavailable when the listening socket itself fails.
   Result<std::unique_ptr<Endpoint>> accept(std::chrono::milliseconds timeout);
 
   // "HOST:PORT" to give to Manager::connect (the port chosen when 0).
