@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
   rdmabuf::Endpoint& endpoint = **connected;
   auto ping = rdmabuf::LocalMemory::allocate(size);
   auto pong = rdmabuf::LocalMemory::allocate(size);
-  if (!ping.ok() || !pong.ok()) return fail("allocating", ping.status());
+  if (!ping.ok()) return fail("allocating", ping.status());
+  if (!pong.ok()) return fail("allocating", pong.status());
   std::memset(ping->data(), 'E', size);  // 'E': the server echoes it
 
   // Warm-up trips first (connection set-up, first touches, the peer's

@@ -101,17 +101,26 @@ class RawEndpointPeer {
   // (call it once the listener has accepted: both fit in the socket
   // buffers, so one thread can do both sides). Empty on failure.
   static std::optional<RawEndpointPeer> start(const std::string& address, uint64_t manager_id) {
+    auto peer = connect(address);
+    if (!peer || !peer->send_hello(manager_id) || !peer->send_offer()) return std::nullopt;
+    return peer;
+  }
+
+  // Connects to `address` and sends nothing yet: send_hello() and
+  // send_offer() do, as start() does, when a test wants them late.
+  static std::optional<RawEndpointPeer> connect(const std::string& address) {
     auto where = parse_host_port(address);
     if (!where.ok()) return std::nullopt;
     auto fd = connect_tcp(*where, Clock::now() + std::chrono::seconds(10));
     if (!fd.ok()) return std::nullopt;
-    RawEndpointPeer peer(std::move(fd).value());
-    const bool sent =
-        peer.send(
-            raw_frame(RawFrame::kHello, RawPayload().u32(kMagic).u16(kVersion).u64(manager_id))) &&
-        peer.send(raw_frame(RawFrame::kChannelOffer, RawPayload().u8(0).blob("a raw test peer")));
-    if (!sent) return std::nullopt;
-    return peer;
+    return RawEndpointPeer(std::move(fd).value());
+  }
+  bool send_hello(uint64_t manager_id) {
+    return send(
+        raw_frame(RawFrame::kHello, RawPayload().u32(kMagic).u16(kVersion).u64(manager_id)));
+  }
+  bool send_offer() {
+    return send(raw_frame(RawFrame::kChannelOffer, RawPayload().u8(0).blob("a raw test peer")));
   }
 
   // Reads the real side's hello and channel answer: true when both are
