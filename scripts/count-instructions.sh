@@ -12,7 +12,14 @@
 # under callgrind against it, and prints the inclusive instructions of
 # Endpoint::post_receive, Endpoint::send and PendingReceive::wait, per
 # round trip. Under callgrind the client is so slow that the server always
-# answers before it looks, so the count is work, not spinning. Keep the
+# answers before it looks, so the count is work, not spinning.
+#
+# Beside it, the peer's figure from the same run: ucx_perftest -t tag_lat
+# over the same transport (posix,sysv for memory, tcp for tcp), its client
+# under callgrind against a native server, when ucx-utils is installed.
+# UCX has no hook to count only its measured iterations, so it runs twice,
+# with TRIPS and 3 x TRIPS iterations, and the difference over 2 x TRIPS is
+# its steady-state count per round trip (set-up and warm-up cancel out). Keep the
 # machine otherwise idle: a server that falls behind makes the client spin,
 # which counts. The profile stays in BUILD/callgrind.ping_pong.out for
 # callgrind_annotate (valgrind's own messages in callgrind.ping_pong.log).
@@ -52,7 +59,7 @@ out=$build/callgrind.ping_pong.out
 LD_BIND_NOW=1 RDMABUF_BACKENDS=$backends valgrind --tool=callgrind --callgrind-out-file="$out" \
   --log-file="$build/callgrind.ping_pong.log" \
   --toggle-collect='*measured_round_trips*' \
-  "$build/tools/rdmabuf_ping_pong" "$address" "$size" "$trips" | grep -v "^median"
+  "$build/tools/rdmabuf_ping_pong" "$address" "$size" "$trips" | grep -v -e "^median" -e "^p90"
 callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
   awk -v trips="$trips" '
     match($0, /endpoint\.cc:rdmabuf::(PendingReceive::wait|Endpoint::send|Endpoint::post_receive)\(/) {
@@ -64,4 +71,35 @@ callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
       printf "%-26s %6d\n", name, ir / trips
       total += ir
     }
-    END { printf "%-26s %6d instructions per round trip\n", "library", total / trips }'
+    END { printf "%-26s %6d instructions per round trip\n", "library", total / trips }' |
+  tee "$build/count-instructions.rdmabuf.txt"
+rdmabuf_count=$(awk '$1 == "library" { print $2 }' "$build/count-instructions.rdmabuf.txt")
+
+if ! command -v ucx_perftest >/dev/null; then
+  echo "(ucx_perftest not found: install ucx-utils to see UCX's count beside)"
+  exit 0
+fi
+case $backends in
+  tcp) ucx_tls=tcp,self ;;
+  *) ucx_tls=posix,sysv,self ;;
+esac
+# The instructions of one ucx_perftest tag_lat client of $1 iterations.
+ucx_instructions() {
+  local n=$1 port=$((20000 + RANDOM % 20000))
+  UCX_TLS=$ucx_tls ucx_perftest -p "$port" -t tag_lat -s "$size" -n "$n" >/dev/null 2>&1 &
+  local ucx_server=$!
+  sleep 1
+  UCX_TLS=$ucx_tls valgrind --tool=callgrind --callgrind-out-file="$build/callgrind.ucx.$n.out" \
+    --log-file="$build/callgrind.ucx.$n.log" ucx_perftest -p "$port" localhost -t tag_lat \
+    -s "$size" -n "$n" >/dev/null 2>&1 || { kill $ucx_server 2>/dev/null; return 1; }
+  wait $ucx_server || true
+  awk '/Collected :/ { print $NF }' "$build/callgrind.ucx.$n.log"
+}
+if ! short=$(ucx_instructions "$trips") || ! long=$(ucx_instructions $((3 * trips))); then
+  echo "count-instructions: ucx_perftest failed (see $build/callgrind.ucx.*.log)" >&2
+  exit 1
+fi
+ucx_count=$(((long - short) / (2 * trips)))
+awk -v r="$rdmabuf_count" -v u="$ucx_count" -v tls="$ucx_tls" 'BEGIN {
+  printf "%-26s %6d instructions per round trip (ucx_perftest tag_lat, UCX_TLS=%s)\n", "UCX", u, tls
+  printf "x (UCX / rdmabuf, above 1: rdmabuf does less) %.2f\n", u / r }'
