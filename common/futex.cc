@@ -1,4 +1,5 @@
 #include "common/futex.h"
+#include "common/futex_mutex.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -25,6 +26,32 @@ void futex_wait_until(std::atomic<uint32_t>& word, uint32_t expected, Deadline d
 void futex_wake_all(std::atomic<uint32_t>& word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
           nullptr, 0);
+}
+
+void FutexMutex::lock_contended() {
+  constexpr int kSpins = 100;
+  for (int i = 0; i < kSpins; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    uint32_t expected = kFree;
+    if (word_.load(std::memory_order_relaxed) == kFree &&
+        word_.compare_exchange_strong(expected, kHeld, std::memory_order_acquire,
+                                      std::memory_order_relaxed)) {
+      return;
+    }
+  }
+  // Taken as kContended from here on, even when no other thread sleeps:
+  // at worst one wake-up too many at unlock.
+  while (word_.exchange(kContended, std::memory_order_acquire) != kFree) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word_), FUTEX_WAIT_PRIVATE, kContended, nullptr,
+            nullptr, 0);
+  }
+}
+
+void FutexMutex::wake_one() {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr,
+          0);
 }
 
 }  // namespace rdmabuf

@@ -47,6 +47,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/futex_mutex.h"
 #include "common/log.h"
 #include "common/socket.h"
 #include "common/wire.h"
@@ -824,7 +825,7 @@ class EndpointImpl {
 
   // The receiver registers its memory only now that a message needs it:
   // asks for the handle of `out`'s receive (lock held; kAskingHandle after).
-  void ask_for_handle(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out) {
+  void ask_for_handle(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out) {
     out.stage = Stage::kBusy;
     out.request = next_request_++;
     Reply& slot = replies_[out.request];
@@ -844,7 +845,7 @@ class EndpointImpl {
   }
 
   // The answer to `out`'s handle request came (lock held).
-  void take_handle(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out) {
+  void take_handle(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out) {
     auto it = replies_.find(out.request);
     if (it == replies_.end() || !it->second.arrived) return;
     Reply reply = std::move(it->second);
@@ -871,7 +872,7 @@ class EndpointImpl {
 
   // Submits `out`'s one-sided write into its receive (lock held; kWriting
   // after). The write's on_done reports to send_events_.
-  void start_write(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out) {
+  void start_write(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out) {
     out.stage = Stage::kBusy;
     out.write_done = false;
     auto target = out.credit.buffer.slice(0, out.message.size());
@@ -916,7 +917,7 @@ class EndpointImpl {
   // `wrote`, else kNotTaken, so that every credit gets its answer. A send
   // whose receive was withdrawn meanwhile then goes back to the front of
   // the queue, for the next receive, when `may_retry`.
-  void conclude_write(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out, Status wrote,
+  void conclude_write(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out, Status wrote,
                       bool may_retry) {
     const uint64_t seq = out.credit.seq;
     const bool withdrawn = finish_send(seq);
@@ -956,7 +957,7 @@ class EndpointImpl {
   // the endpoint broke (lock held, and held on return; it may wait a moment
   // for a thread that moves it on). Once kDone, no byte of its message is
   // read any more.
-  void cut_short(std::unique_lock<std::mutex>& lock, uint64_t id, Outgoing& out) {
+  void cut_short(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out) {
     const Status why = broken_;
     switch (out.stage) {
       case Stage::kQueued:
@@ -1382,7 +1383,7 @@ class EndpointImpl {
   // coming and the return (a read costs about 40 ns here: as much as the
   // rest of taking a small message).
   template <typename Pred>
-  bool await(std::unique_lock<std::mutex>& lock, WaitDeadline& deadline, Pred ready) {
+  bool await(std::unique_lock<FutexMutex>& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set once this thread spins
     auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
     if (has_deferred_.load() && !ready()) {  // what we wait for may depend on it
@@ -1429,7 +1430,7 @@ class EndpointImpl {
   // the caller's own look at what it waited for take mu_ once. False when
   // it stopped at the deadline.
   template <typename Pred>
-  bool lead(std::unique_lock<std::mutex>& lock, WaitDeadline& deadline, Pred ready) {
+  bool lead(std::unique_lock<FutexMutex>& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set when a look finds nothing
     Status st;
     bool in_time = true;
@@ -1591,7 +1592,7 @@ class EndpointImpl {
   // `lock`, on mu_ and not held on entry, may be held on return: the
   // frames taken last were messages or credits, taken under it, and the
   // caller's next step is to take it anyway.
-  Status pump(bool& progressed, std::unique_lock<std::mutex>& lock) {
+  Status pump(bool& progressed, std::unique_lock<FutexMutex>& lock) {
     t_pumping = this;
     Status st = pump_frames(progressed, lock);
     t_pumping = nullptr;
@@ -1610,7 +1611,7 @@ class EndpointImpl {
     std::unique_lock lock(mu_, std::defer_lock);
     return pump(progressed, lock);
   }
-  Status pump_frames(bool& progressed, std::unique_lock<std::mutex>& lock) {
+  Status pump_frames(bool& progressed, std::unique_lock<FutexMutex>& lock) {
     bool read_once = false;
     while (true) {
       while (in_end_ - in_begin_ >= kHeaderSize) {
@@ -1653,7 +1654,7 @@ class EndpointImpl {
   // full: pump() copies those. A run of small messages and credits
   // (kPosted), the frames of a steady stream, is taken under one hold of
   // mu_ (`lock`, which it leaves held after them: see pump()).
-  Status take_frames_in_place(bool& progressed, std::unique_lock<std::mutex>& lock) {
+  Status take_frames_in_place(bool& progressed, std::unique_lock<FutexMutex>& lock) {
     constexpr size_t kMostFields = 2 * sizeof(uint64_t);
     uint8_t copy[kHeaderSize + kSmallFrame];
     while (true) {
@@ -2255,11 +2256,13 @@ class EndpointImpl {
   const std::string peer_;
   const uint64_t peer_manager_id_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;         // callers waiting for the peer
-  int sleepers_ = 0;                   // waiting on cv_ now
-  std::condition_variable leases_cv_;  // the lease keeper
-  Status broken_;                      // OK while usable
+  // FutexMutex, not std::mutex: mu_ and write_mu_ are taken several times
+  // per message (common/futex_mutex.h).
+  FutexMutex mu_;
+  std::condition_variable_any cv_;         // callers waiting for the peer
+  int sleepers_ = 0;                       // waiting on cv_ now
+  std::condition_variable_any leases_cv_;  // the lease keeper
+  Status broken_;                          // OK while usable
   // The reader role, taken and given back under mu_: its holder alone
   // reads fd_ and the ring and dispatches (in_, in_begin_, in_end_,
   // peer_closed_, held_replies_, reply_depth_).
@@ -2284,7 +2287,7 @@ class EndpointImpl {
   std::deque<RemoteBuffer> remote_buffers_;
   std::deque<LocalMemory> returned_;
 
-  std::mutex write_mu_;            // one frame at a time on the socket
+  FutexMutex write_mu_;            // one frame at a time on the socket
   std::vector<uint8_t> deferred_;  // credits held back (defer_credit), under write_mu_
   std::atomic<bool> has_deferred_{false};
   // What one write gathers (under write_mu_; kept for their capacity).

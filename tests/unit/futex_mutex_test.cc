@@ -1,0 +1,83 @@
+#include "common/futex_mutex.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace rdmabuf {
+namespace {
+
+TEST(FutexMutex, KeepsContendingThreadsOutOfEachOthersWay) {
+  FutexMutex mu;
+  uint64_t count = 0;  // plain, not atomic: only the lock keeps it whole
+  constexpr int kThreads = 4;
+  constexpr int kEach = 100000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kEach; ++i) {
+        std::lock_guard lock(mu);
+        const uint64_t seen = count;
+        if (i % 1000 == 0) std::this_thread::yield();  // holders that sleep: waiters must too
+        count = seen + 1;
+      }
+    });
+  }
+  for (auto& thread : threads)
+    thread.join();
+  EXPECT_EQ(count, uint64_t{kThreads} * kEach);
+}
+
+TEST(FutexMutex, TryLockFailsWhileHeldAndSucceedsOnceFree) {
+  FutexMutex mu;
+  ASSERT_TRUE(mu.try_lock());
+  bool other_took = true;
+  std::thread([&] { other_took = mu.try_lock(); }).join();
+  EXPECT_FALSE(other_took);
+  mu.unlock();
+  std::thread([&] {
+    other_took = mu.try_lock();
+    if (other_took) mu.unlock();
+  }).join();
+  EXPECT_TRUE(other_took);
+}
+
+TEST(FutexMutex, AWaiterThatSleepsIsWokenWhenTheHolderLetsGo) {
+  FutexMutex mu;
+  mu.lock();
+  std::atomic<bool> took{false};
+  std::thread waiter([&] {
+    std::lock_guard lock(mu);
+    took = true;
+  });
+  // Long past the waiter's spinning: it sleeps on the word by now.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(took.load());
+  mu.unlock();
+  waiter.join();
+  EXPECT_TRUE(took.load());
+}
+
+TEST(FutexMutex, WorksWithConditionVariableAny) {
+  FutexMutex mu;
+  std::condition_variable_any cv;
+  bool ready = false;
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::lock_guard lock(mu);
+    ready = true;
+    cv.notify_all();
+  });
+  std::unique_lock lock(mu);
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return ready; }));
+  lock.unlock();
+  setter.join();
+}
+
+}  // namespace
+}  // namespace rdmabuf
