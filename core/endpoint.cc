@@ -841,7 +841,7 @@ class EndpointImpl {
     // Its event, when the reply came meanwhile, may have been taken (and
     // dropped) while the send was kBusy.
     if (replies_.count(request) != 0 && replies_[request].arrived) send_events_.push_back(id);
-    cv_.notify_all();
+    wake_sleepers();
   }
 
   // The answer to `out`'s handle request came (lock held).
@@ -891,7 +891,7 @@ class EndpointImpl {
     out.stage = Stage::kWriting;
     // As in ask_for_handle: a write that finished already may have lost its event.
     if (out.write_done) send_events_.push_back(id);
-    cv_.notify_all();  // a wait that wants to cut it short may now
+    wake_sleepers();  // a wait that wants to cut it short may now
   }
 
   // A send's one-sided write finished (its on_done, on a library thread).
@@ -937,7 +937,7 @@ class EndpointImpl {
       out.stage = Stage::kQueued;
       out.credit = Credit{};
       queued_sends_.push_front(id);
-      cv_.notify_all();
+      wake_sleepers();
       return;
     }
     finish(out, answered.ok() ? wrote.with_context("writing the message into the peer's receive")
@@ -949,7 +949,7 @@ class EndpointImpl {
   void finish(Outgoing& out, Status status) {
     out.stage = Stage::kDone;
     out.status = std::move(status);
-    cv_.notify_all();
+    wake_sleepers();
     if (reading_ && reader_id_ != std::this_thread::get_id()) signal_eventfd(sends_wake_.get());
   }
 
@@ -1417,7 +1417,7 @@ class EndpointImpl {
     return true;
   }
 
-  // Wakes the callers asleep in await (mu_ held): the state they wait on
+  // Wakes the callers asleep on cv_ (in await or cut_short; mu_ held): the state they wait on
   // changed. Costs nothing while none sleeps, as on the message path.
   void wake_sleepers() {
     if (sleepers_ > 0) cv_.notify_all();
@@ -2187,7 +2187,7 @@ class EndpointImpl {
                                  " handles nobody took");
       }
       remote_buffers_.push_back(std::move(buffer));
-      cv_.notify_all();
+      wake_sleepers();
       return Status::Ok();
     }
     Lent back = std::move(lent->second);
@@ -2199,7 +2199,7 @@ class EndpointImpl {
     auto range = back.memory.slice(buffer.offset(), buffer.size());
     lock.lock();
     returned_.push_back(range.ok() ? *range : back.memory);
-    cv_.notify_all();
+    wake_sleepers();
     return Status::Ok();
   }
 

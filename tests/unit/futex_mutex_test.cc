@@ -63,6 +63,29 @@ TEST(FutexMutex, AWaiterThatSleepsIsWokenWhenTheHolderLetsGo) {
   EXPECT_TRUE(took.load());
 }
 
+TEST(FutexMutex, EverySleepingWaiterGetsTheLockInTurn) {
+  // Several sleepers: each unlock must wake one more, also when a spinning
+  // thread took the lock between a wake-up and the woken thread's look.
+  FutexMutex mu;
+  mu.lock();
+  constexpr int kWaiters = 4;
+  std::atomic<int> took{0};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&] {
+      std::lock_guard lock(mu);
+      took.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the others sleep meanwhile
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(took.load(), 0);
+  mu.unlock();
+  for (auto& waiter : waiters)
+    waiter.join();
+  EXPECT_EQ(took.load(), kWaiters);
+}
+
 TEST(FutexMutex, WorksWithConditionVariableAny) {
   FutexMutex mu;
   std::condition_variable_any cv;
