@@ -1,4 +1,5 @@
 #include "common/futex.h"
+
 #include "common/futex_mutex.h"
 
 #include <linux/futex.h>
@@ -28,6 +29,11 @@ void futex_wake_all(std::atomic<uint32_t>& word) {
           nullptr, 0);
 }
 
+void futex_wake_one(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr,
+          0);
+}
+
 void FutexMutex::lock_contended() {
   constexpr int kSpins = 100;
   for (int i = 0; i < kSpins; ++i) {
@@ -44,14 +50,8 @@ void FutexMutex::lock_contended() {
   // Taken as kContended from here on, even when no other thread sleeps:
   // at worst one wake-up too many at unlock.
   while (word_.exchange(kContended, std::memory_order_acquire) != kFree) {
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word_), FUTEX_WAIT_PRIVATE, kContended, nullptr,
-            nullptr, 0);
+    futex_wait_until(word_, kContended, Deadline::max());  // (an hour at a time)
   }
-}
-
-void FutexMutex::wake_one() {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word_), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr,
-          0);
 }
 
 }  // namespace rdmabuf

@@ -17,6 +17,8 @@ namespace rdmabuf {
 void futex_wait_until(std::atomic<uint32_t>& word, uint32_t expected, Deadline deadline);
 // Wakes every thread sleeping on `word`.
 void futex_wake_all(std::atomic<uint32_t>& word);
+// Wakes one thread sleeping on `word`, if any.
+void futex_wake_one(std::atomic<uint32_t>& word);
 
 // Spin-then-sleep: `spin()` returns true while the busy-poll window since the
 // last activity lasts, yielding the CPU each time so spinners never starve

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/futex.h"
+
 #if defined(__SANITIZE_THREAD__)
 #define RDMABUF_TSAN_MUTEX 1
 #elif defined(__has_feature)
@@ -62,7 +64,7 @@ class FutexMutex {
 #ifdef RDMABUF_TSAN_MUTEX
     __tsan_mutex_pre_unlock(this, 0);
 #endif
-    if (word_.exchange(kFree, std::memory_order_release) == kContended) wake_one();
+    if (word_.exchange(kFree, std::memory_order_release) == kContended) futex_wake_one(word_);
 #ifdef RDMABUF_TSAN_MUTEX
     __tsan_mutex_post_unlock(this, 0);
 #endif
@@ -75,7 +77,6 @@ class FutexMutex {
   // Out of line: spins a little while the holder is likely about to let
   // go, then marks the word contended and sleeps until it is free.
   void lock_contended();
-  void wake_one();
 
   std::atomic<uint32_t> word_{kFree};
 };

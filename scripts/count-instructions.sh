@@ -12,17 +12,17 @@
 # under callgrind against it, and prints the inclusive instructions of
 # Endpoint::post_receive, Endpoint::send and PendingReceive::wait, per
 # round trip. Under callgrind the client is so slow that the server always
-# answers before it looks, so the count is work, not spinning.
+# answers before it looks, so the count is work, not spinning. Keep the
+# machine otherwise idle: a server that falls behind makes the client spin,
+# which counts. The profile stays in BUILD/callgrind.ping_pong.out for
+# callgrind_annotate (valgrind's own messages in callgrind.ping_pong.log).
 #
 # Beside it, the peer's figure from the same run: ucx_perftest -t tag_lat
 # over the same transport (posix,sysv for memory, tcp for tcp), its client
 # under callgrind against a native server, when ucx-utils is installed.
 # UCX has no hook to count only its measured iterations, so it runs twice,
 # with TRIPS and 3 x TRIPS iterations, and the difference over 2 x TRIPS is
-# its steady-state count per round trip (set-up and warm-up cancel out). Keep the
-# machine otherwise idle: a server that falls behind makes the client spin,
-# which counts. The profile stays in BUILD/callgrind.ping_pong.out for
-# callgrind_annotate (valgrind's own messages in callgrind.ping_pong.log).
+# its steady-state count per round trip (set-up and warm-up cancel out).
 # See docs/performance.md.
 #
 # RDMABUF_BUILD_DIR as in setup.sh.
@@ -60,7 +60,7 @@ LD_BIND_NOW=1 RDMABUF_BACKENDS=$backends valgrind --tool=callgrind --callgrind-o
   --log-file="$build/callgrind.ping_pong.log" \
   --toggle-collect='*measured_round_trips*' \
   "$build/tools/rdmabuf_ping_pong" "$address" "$size" "$trips" | grep -v -e "^median" -e "^p90"
-callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
+counts=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
   awk -v trips="$trips" '
     match($0, /endpoint\.cc:rdmabuf::(PendingReceive::wait|Endpoint::send|Endpoint::post_receive)\(/) {
       name = substr($0, RSTART + length("endpoint.cc:rdmabuf::"))
@@ -71,9 +71,9 @@ callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
       printf "%-26s %6d\n", name, ir / trips
       total += ir
     }
-    END { printf "%-26s %6d instructions per round trip\n", "library", total / trips }' |
-  tee "$build/count-instructions.rdmabuf.txt"
-rdmabuf_count=$(awk '$1 == "library" { print $2 }' "$build/count-instructions.rdmabuf.txt")
+    END { printf "%-26s %6d instructions per round trip\n", "library", total / trips }')
+echo "$counts"
+rdmabuf_count=$(awk '$1 == "library" { print $2 }' <<<"$counts")
 
 if ! command -v ucx_perftest >/dev/null; then
   echo "(ucx_perftest not found: install ucx-utils to see UCX's count beside)"

@@ -15,9 +15,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "rdmabuf/rdmabuf.h"
+#include "tools/bench_report.h"
 
 namespace {
 
@@ -90,14 +92,12 @@ int main(int argc, char** argv) {
   one_way_us.reserve(static_cast<size_t>(trips));
   rdmabuf::Status done = measured_round_trips(endpoint, *ping, *pong, trips, one_way_us);
   if (!done.ok()) return fail("ping-pong", done);
-  double total_us = 0;
-  for (double us : one_way_us)
-    total_us += us;
-  std::sort(one_way_us.begin(), one_way_us.end());
-  const auto percentile = [&](long p) { return one_way_us[static_cast<size_t>(trips * p / 100)]; };
-  std::printf("trips %ld\nmedian one way %.3f us (channel: %s)\n", trips, percentile(50),
-              endpoint.channel().c_str());
-  std::printf("p90 %.3f us, p99 %.3f us, mean %.3f us\n", percentile(90), percentile(99),
-              total_us / static_cast<double>(trips));
+  using rdmabuf::tool::percentile;  // nearest rank, as the bench reports
+  const double mean_us =
+      std::accumulate(one_way_us.begin(), one_way_us.end(), 0.0) / static_cast<double>(trips);
+  std::printf("trips %ld\nmedian one way %.3f us (channel: %s)\n", trips,
+              percentile(one_way_us, 50), endpoint.channel().c_str());
+  std::printf("p90 %.3f us, p99 %.3f us, mean %.3f us\n", percentile(one_way_us, 90),
+              percentile(one_way_us, 99), mean_us);
   return 0;
 }
