@@ -4,13 +4,14 @@
 // lock and unlock together, seven times per endpoint round trip). Under
 // contention it spins briefly, then sleeps on the word; unlock wakes one
 // sleeper. Not recursive; unlock only by the holder. Works with
-// std::unique_lock / std::lock_guard, and std::condition_variable_any.
+// std::lock_guard, FutexLock (below) and std::condition_variable_any.
 // ThreadSanitizer is told it is a mutex (annotations below), so it checks
 // the code it guards as it checks code under std::mutex.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>  // std::defer_lock_t
 
 #include "common/futex.h"
 
@@ -79,6 +80,36 @@ class FutexMutex {
   void lock_contended();
 
   std::atomic<uint32_t> word_{kFree};
+};
+
+// A std::unique_lock for FutexMutex, without unique_lock's checks for
+// misuse: they throw, which keeps GCC from inlining unlock(), and the
+// endpoint takes and lets go of its lock several times a message. Misuse
+// (unlock() while not held) is a bug, not an exception. Usable with
+// std::condition_variable_any.
+class FutexLock {
+ public:
+  explicit FutexLock(FutexMutex& mu) : mu_(mu) { lock(); }
+  FutexLock(FutexMutex& mu, std::defer_lock_t) : mu_(mu) {}
+  ~FutexLock() {
+    if (owns_) mu_.unlock();
+  }
+  FutexLock(const FutexLock&) = delete;
+  FutexLock& operator=(const FutexLock&) = delete;
+
+  void lock() {
+    mu_.lock();
+    owns_ = true;
+  }
+  void unlock() {
+    owns_ = false;
+    mu_.unlock();
+  }
+  bool owns_lock() const { return owns_; }
+
+ private:
+  FutexMutex& mu_;
+  bool owns_ = false;
 };
 
 }  // namespace rdmabuf

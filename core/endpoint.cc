@@ -137,30 +137,48 @@ enum class Frame : uint8_t {
   kSentPart = 18,
 };
 
-// A frame's bytes: in place up to kInlineBytes (every frame on the
-// messages' path), on the heap beyond.
-class FrameBytes {
+// Bytes in place up to kInPlace, on the heap beyond: a frame being built
+// (every frame on the messages' path fits in place), or the credits held
+// back to go with the next frame.
+template <size_t kInPlace>
+class SmallBytes {
  public:
-  static constexpr size_t kInlineBytes = 64;
+  SmallBytes() = default;
+  SmallBytes(const SmallBytes&) = delete;  // data_ may point into in_place_
+  SmallBytes& operator=(const SmallBytes&) = delete;
   size_t size() const { return size_; }
-  uint8_t* data() { return heap_.empty() ? in_place_.data() : heap_.data(); }
+  bool empty() const { return size_ == 0; }
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
+  operator std::span<const uint8_t>() const { return {data_, size_}; }
   void resize(size_t size) {
-    if (size > kInlineBytes && heap_.size() < size) grow(size);
+    if (size > capacity_) [[unlikely]]
+      grow(size);
     size_ = size;
   }
+  void append(std::span<const uint8_t> bytes) {
+    const size_t at = size_;
+    resize(at + bytes.size());
+    if (!bytes.empty()) std::memcpy(data_ + at, bytes.data(), bytes.size());
+  }
+  void clear() { size_ = 0; }
 
  private:
   // Out of line: resize() is on every frame's path, growing on few.
   [[gnu::noinline]] void grow(size_t size) {
-    const bool was_in_place = heap_.empty();
-    heap_.resize(std::max(size, 2 * std::max(heap_.size(), kInlineBytes)));
-    if (was_in_place) std::memcpy(heap_.data(), in_place_.data(), size_);
+    heap_.resize(std::max(size, 2 * capacity_));
+    if (data_ == in_place_.data()) std::memcpy(heap_.data(), in_place_.data(), size_);
+    data_ = heap_.data();
+    capacity_ = heap_.size();
   }
 
-  std::array<uint8_t, kInlineBytes> in_place_;
+  std::array<uint8_t, kInPlace> in_place_;
   std::vector<uint8_t> heap_;
+  uint8_t* data_ = in_place_.data();  // in_place_, or heap_ once grown
+  size_t capacity_ = kInPlace;
   size_t size_ = 0;
 };
+using FrameBytes = SmallBytes<64>;
 
 // Builds a frame: the header, then fields appended with the writer.
 class FrameBuilder {
@@ -172,7 +190,7 @@ class FrameBuilder {
   FrameBuilder(const FrameBuilder&) = delete;  // w_ refers to bytes_
   FrameBuilder& operator=(const FrameBuilder&) = delete;
   BasicWireWriter<FrameBytes>& fields() { return w_; }
-  FrameBuilder& u64(uint64_t v) {
+  [[gnu::always_inline]] FrameBuilder& u64(uint64_t v) {
     w_.put<uint64_t>(v);
     return *this;
   }
@@ -207,10 +225,11 @@ struct FrameHeader {
 };
 // The header in the first kHeaderSize bytes at `at` (a copy, when they lie
 // in the shared ring: the peer may write it meanwhile).
-FrameHeader read_header(const uint8_t* at) {
-  WireReader r(std::span<const uint8_t>(at, kHeaderSize));
-  const uint32_t size = r.get<uint32_t>();
-  return {size, static_cast<Frame>(r.get<uint8_t>())};
+// `at`: kHeaderSize bytes (no bounds to check).
+inline FrameHeader read_header(const uint8_t* at) {
+  uint32_t size;
+  std::memcpy(&size, at, sizeof size);
+  return {size, static_cast<Frame>(at[sizeof size])};
 }
 
 Status payload_too_large(uint32_t size) {
@@ -380,8 +399,6 @@ uint64_t tcp_stream_limit(Manager& manager) {
   return kTcpStreamLimit;
 }
 
-// The endpoint whose frames this thread is dispatching (in pump()), if any.
-thread_local const EndpointImpl* t_pumping = nullptr;
 // The endpoint whose TCP connection this thread is writing, write lock held.
 thread_local const EndpointImpl* t_writing_socket = nullptr;
 
@@ -486,7 +503,7 @@ class EndpointImpl {
                                                    std::chrono::milliseconds write_timeout) {
     uint64_t id;
     {
-      std::unique_lock lock(mu_);
+      FutexLock lock(mu_);
       RDMABUF_RETURN_IF_ERROR(broken_);
       if (queued_sends_.empty() && !credits_.empty() && answered_by_frames(message)) {
         Credit credit = std::move(credits_.front());
@@ -507,7 +524,7 @@ class EndpointImpl {
   // Waits for posted send `id`; at the deadline, cancels it.
   Status wait_send(uint64_t id, std::chrono::milliseconds timeout) {
     WaitDeadline deadline(timeout);
-    std::unique_lock lock(mu_);
+    FutexLock lock(mu_);
     auto it = sends_.find(id);
     if (it == sends_.end()) return FailedPrecondition("this send was waited for already");
     Outgoing& out = it->second;  // map nodes stay put; only this call erases it
@@ -545,7 +562,7 @@ class EndpointImpl {
     }
     uint64_t seq;
     {
-      std::unique_lock lock(mu_);
+      FutexLock lock(mu_);
       if (!broken_.ok()) {
         Status why = broken_;
         lock.unlock();
@@ -577,7 +594,7 @@ class EndpointImpl {
     if (held_credits_.load() >= peer_credits()) {
       flush().ignore();  // a failure breaks the endpoint: the wait says so
     }
-    std::unique_lock lock(mu_);
+    FutexLock lock(mu_);
     Receive* waited = waiting_.find(seq);
     if (waited == nullptr || waited->abandoned) {
       return FailedPrecondition("this receive was waited for already");
@@ -780,7 +797,7 @@ class EndpointImpl {
   // matches queued sends with credits, and takes up the handles that came
   // and the writes that finished. No lock held; blocks only to write frames.
   void progress_sends() {
-    std::unique_lock lock(mu_);
+    FutexLock lock(mu_);
     while (broken_.ok()) {  // once broken, each wait ends its own send
       if (!queued_sends_.empty() && !credits_.empty()) {
         const uint64_t id = queued_sends_.front();
@@ -825,7 +842,7 @@ class EndpointImpl {
 
   // The receiver registers its memory only now that a message needs it:
   // asks for the handle of `out`'s receive (lock held; kAskingHandle after).
-  void ask_for_handle(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out) {
+  void ask_for_handle(FutexLock& lock, uint64_t id, Outgoing& out) {
     out.stage = Stage::kBusy;
     out.request = next_request_++;
     Reply& slot = replies_[out.request];
@@ -845,7 +862,7 @@ class EndpointImpl {
   }
 
   // The answer to `out`'s handle request came (lock held).
-  void take_handle(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out) {
+  void take_handle(FutexLock& lock, uint64_t id, Outgoing& out) {
     auto it = replies_.find(out.request);
     if (it == replies_.end() || !it->second.arrived) return;
     Reply reply = std::move(it->second);
@@ -872,7 +889,7 @@ class EndpointImpl {
 
   // Submits `out`'s one-sided write into its receive (lock held; kWriting
   // after). The write's on_done reports to send_events_.
-  void start_write(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out) {
+  void start_write(FutexLock& lock, uint64_t id, Outgoing& out) {
     out.stage = Stage::kBusy;
     out.write_done = false;
     auto target = out.credit.buffer.slice(0, out.message.size());
@@ -917,8 +934,7 @@ class EndpointImpl {
   // `wrote`, else kNotTaken, so that every credit gets its answer. A send
   // whose receive was withdrawn meanwhile then goes back to the front of
   // the queue, for the next receive, when `may_retry`.
-  void conclude_write(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out, Status wrote,
-                      bool may_retry) {
+  void conclude_write(FutexLock& lock, uint64_t id, Outgoing& out, Status wrote, bool may_retry) {
     const uint64_t seq = out.credit.seq;
     const bool withdrawn = finish_send(seq);
     if (wrote.ok()) {
@@ -957,7 +973,7 @@ class EndpointImpl {
   // the endpoint broke (lock held, and held on return; it may wait a moment
   // for a thread that moves it on). Once kDone, no byte of its message is
   // read any more.
-  void cut_short(std::unique_lock<FutexMutex>& lock, uint64_t id, Outgoing& out) {
+  void cut_short(FutexLock& lock, uint64_t id, Outgoing& out) {
     const Status why = broken_;
     switch (out.stage) {
       case Stage::kQueued:
@@ -999,7 +1015,7 @@ class EndpointImpl {
   // write's on_done runs after the endpoint is gone (close()).
   void cancel_writes() {
     std::vector<std::pair<Outgoing*, Transfer>> writes;
-    std::unique_lock lock(mu_);
+    FutexLock lock(mu_);
     for (auto& [id, out] : sends_) {
       if (out.stage != Stage::kWriting) continue;
       out.stage = Stage::kBusy;
@@ -1028,6 +1044,17 @@ class EndpointImpl {
     // A message coming in kSentPart frames: its size, and the bytes come.
     uint64_t parts_size = 0;
     uint64_t parts_came = 0;
+
+    // As a new one: lets go of its memory, and touches only what is set
+    // (an assignment from Receive() would store every field and take the
+    // status' and handle's references apart, on every message's path).
+    void reset() {
+      into = LocalMemory();
+      if (handle.valid()) handle = RemoteBuffer();
+      if (!status.ok()) status = Status();
+      abandoned = withdrawn = answered = false;
+      size = parts_size = parts_came = 0;
+    }
   };
   // Our posted receives by sequence number. Numbers are handed out in
   // order and receives mostly end in order, so: a deque from the oldest
@@ -1059,7 +1086,7 @@ class EndpointImpl {
     void erase(uint64_t seq) {
       Slot& slot = *slots_[seq - first_];
       slot.held = false;
-      slot.receive = Receive();  // lets go of its memory now
+      slot.receive.reset();  // lets go of its memory now
       while (!slots_.empty() && !slots_.front()->held) {
         spare_.push_back(std::move(slots_.front()));
         slots_.pop_front();
@@ -1139,7 +1166,8 @@ class EndpointImpl {
   }
 
   // Writes a frame; `tail`: the end of its payload, kept apart (a message).
-  Status write_frame(FrameBuilder& builder, std::span<const uint8_t> tail = {}) {
+  [[gnu::always_inline]] Status write_frame(FrameBuilder& builder,
+                                            std::span<const uint8_t> tail = {}) {
     const std::span<const uint8_t> head = builder.done(tail.size());
     const std::span<const uint8_t> pieces[] = {head, tail};
     return write_pieces(pieces);
@@ -1149,8 +1177,8 @@ class EndpointImpl {
   // Writes `pieces` (whole frames, together), after the deferred frames.
   // Written by the dispatch of a frame (a reply), they are held, and
   // written once pump() is done (see pump()).
-  Status write_pieces(std::span<const std::span<const uint8_t>> pieces) {
-    if (t_pumping == this) {
+  [[gnu::always_inline]] Status write_pieces(std::span<const std::span<const uint8_t>> pieces) {
+    if (pumping_thread_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
       for (const auto& piece : pieces)
         held_replies_.insert(held_replies_.end(), piece.begin(), piece.end());
       return Status::Ok();
@@ -1271,7 +1299,8 @@ class EndpointImpl {
     {
       std::lock_guard lock(mu_);
       if (reading_) {
-        if (reader_id_ != std::this_thread::get_id() || t_pumping == this ||
+        if (reader_id_ != std::this_thread::get_id() ||
+            pumping_thread_.load(std::memory_order_relaxed) == reader_id_ ||
             reply_depth_ >= kMostNested) {
           return;
         }
@@ -1303,7 +1332,7 @@ class EndpointImpl {
     bool full;
     {
       std::lock_guard lock(write_mu_);
-      deferred_.insert(deferred_.end(), bytes.begin(), bytes.end());
+      deferred_.append(bytes);
       has_deferred_.store(true);  // seq_cst, against serve_sleeping_ (see serve)
       held_credits_.store(held_credits_.load(std::memory_order_relaxed) + 1,
                           std::memory_order_relaxed);
@@ -1335,7 +1364,7 @@ class EndpointImpl {
     }
     fill(id);
     Status sent = write_frame(request);
-    std::unique_lock lock(mu_);
+    FutexLock lock(mu_);
     if (sent.ok()) {
       await(lock, deadline, [&] { return replies_[id].arrived || !broken_.ok(); });
     }
@@ -1351,7 +1380,7 @@ class EndpointImpl {
 
   template <typename T>
   Result<T> take_next(std::deque<T>& queue, std::chrono::milliseconds timeout, const char* late) {
-    std::unique_lock lock(mu_);
+    FutexLock lock(mu_);
     WaitDeadline deadline(timeout);
     if (!await(lock, deadline, [&] { return !queue.empty() || !broken_.ok(); })) {
       return DeadlineExceeded(late);
@@ -1383,7 +1412,7 @@ class EndpointImpl {
   // coming and the return (a read costs about 40 ns here: as much as the
   // rest of taking a small message).
   template <typename Pred>
-  bool await(std::unique_lock<FutexMutex>& lock, WaitDeadline& deadline, Pred ready) {
+  bool await(FutexLock& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set once this thread spins
     auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
     if (has_deferred_.load() && !ready()) {  // what we wait for may depend on it
@@ -1430,7 +1459,7 @@ class EndpointImpl {
   // the caller's own look at what it waited for take mu_ once. False when
   // it stopped at the deadline.
   template <typename Pred>
-  bool lead(std::unique_lock<FutexMutex>& lock, WaitDeadline& deadline, Pred ready) {
+  bool lead(FutexLock& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set when a look finds nothing
     Status st;
     bool in_time = true;
@@ -1592,10 +1621,10 @@ class EndpointImpl {
   // `lock`, on mu_ and not held on entry, may be held on return: the
   // frames taken last were messages or credits, taken under it, and the
   // caller's next step is to take it anyway.
-  Status pump(bool& progressed, std::unique_lock<FutexMutex>& lock) {
-    t_pumping = this;
+  Status pump(bool& progressed, FutexLock& lock) {
+    pumping_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     Status st = pump_frames(progressed, lock);
-    t_pumping = nullptr;
+    pumping_thread_.store(std::thread::id(), std::memory_order_relaxed);
     if (held_replies_.empty() || t_writing_socket == this) return st;
     if (lock.owns_lock()) lock.unlock();  // a write may wait, and read meanwhile
     const std::vector<uint8_t> replies = std::move(held_replies_);
@@ -1608,10 +1637,10 @@ class EndpointImpl {
   }
   // pump(), returning with mu_ free.
   Status pump(bool& progressed) {
-    std::unique_lock lock(mu_, std::defer_lock);
+    FutexLock lock(mu_, std::defer_lock);
     return pump(progressed, lock);
   }
-  Status pump_frames(bool& progressed, std::unique_lock<FutexMutex>& lock) {
+  Status pump_frames(bool& progressed, FutexLock& lock) {
     bool read_once = false;
     while (true) {
       while (in_end_ - in_begin_ >= kHeaderSize) {
@@ -1654,7 +1683,7 @@ class EndpointImpl {
   // full: pump() copies those. A run of small messages and credits
   // (kPosted), the frames of a steady stream, is taken under one hold of
   // mu_ (`lock`, which it leaves held after them: see pump()).
-  Status take_frames_in_place(bool& progressed, std::unique_lock<FutexMutex>& lock) {
+  Status take_frames_in_place(bool& progressed, FutexLock& lock) {
     constexpr size_t kMostFields = 2 * sizeof(uint64_t);
     uint8_t copy[kHeaderSize + kSmallFrame];
     while (true) {
@@ -1693,7 +1722,8 @@ class EndpointImpl {
         std::memcpy(copy, ring.data(), kHeaderSize + size);
         const std::span<const uint8_t> payload(copy + kHeaderSize, size);
         if (type == Frame::kPosted) {
-          RDMABUF_ASSIGN_OR_RETURN(Credit credit, parse_credit(payload));
+          Credit credit;
+          RDMABUF_RETURN_IF_ERROR(parse_credit(payload, credit));
           if (!lock.owns_lock()) lock.lock();
           credits_.push_back(std::move(credit));
         } else {
@@ -1776,16 +1806,14 @@ class EndpointImpl {
       // The next receives register when posted while messages are large.
       register_when_posted_.store(type == Frame::kSent, std::memory_order_relaxed);
     }
-    if (type == Frame::kSent) {
-      receive.status = Status::Ok();
-    } else if (type == Frame::kSentInline) {
+    // kSent, kSentInline: the status stays OK, as every receive starts.
+    if (type == Frame::kSentInline) {
       // Under the lock: the receive has not returned, so `into` is valid.
       if (size > 0) std::memcpy(receive.into.data(), data.data(), size);
-      receive.status = Status::Ok();
     } else if (type == Frame::kTooLarge) {
       receive.status = InvalidArgument("the peer's message of " + std::to_string(size) +
                                        " bytes does not fit this receive");
-    } else {
+    } else if (type == Frame::kNotTaken) {
       receive.status = DeadlineExceeded("no message came in time");
     }
     return Status::Ok();
@@ -1824,9 +1852,8 @@ class EndpointImpl {
       waiting_.erase(seq);
       return Status::Ok();
     }
-    receive.answered = true;
+    receive.answered = true;  // its status stays OK
     receive.size = size;
-    receive.status = Status::Ok();
     register_when_posted_.store(false, std::memory_order_relaxed);  // parts need no handle
     return Status::Ok();
   }
@@ -1919,13 +1946,15 @@ class EndpointImpl {
   }
 
   // The credit a kPosted frame's payload carries.
-  static Result<Credit> parse_credit(std::span<const uint8_t> payload) {
+  // (Into `credit`, a new one: no Result<Credit> to build and move on every
+  // message's path.)
+  static Status parse_credit(std::span<const uint8_t> payload, Credit& credit) {
     WireReader r(payload);
-    const uint64_t seq = r.get<uint64_t>();
-    const uint64_t capacity = r.get<uint64_t>();
+    credit.seq = r.get<uint64_t>();
+    credit.capacity = r.get<uint64_t>();
     auto handle = r.view(r.get<uint16_t>());
     if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint credit");
-    Credit credit{seq, capacity, {}};
+    const uint64_t capacity = credit.capacity;
     if (!handle.empty()) {
       auto buffer = RemoteBuffer::from_bytes(handle);
       if (!buffer.ok()) {
@@ -1936,7 +1965,7 @@ class EndpointImpl {
     if (credit.buffer.valid() && capacity > credit.buffer.size()) {
       return ProtocolError("endpoint credit larger than its buffer");
     }
-    return credit;
+    return Status::Ok();
   }
 
   // Takes one frame of the peer's (reader role held; inside pump(), whose
@@ -1945,7 +1974,8 @@ class EndpointImpl {
     WireReader r(payload);
     switch (type) {
       case Frame::kPosted: {
-        RDMABUF_ASSIGN_OR_RETURN(Credit credit, parse_credit(payload));
+        Credit credit;
+        RDMABUF_RETURN_IF_ERROR(parse_credit(payload, credit));
         std::lock_guard lock(mu_);
         credits_.push_back(std::move(credit));
         break;
@@ -1973,7 +2003,7 @@ class EndpointImpl {
       case Frame::kWithdrawn: {
         const uint64_t seq = r.get<uint64_t>();
         if (!r.ok() || r.remaining() != 8) return ProtocolError("malformed endpoint withdrawal");
-        std::unique_lock lock(mu_);
+        FutexLock lock(mu_);
         auto taken = in_send_.find(seq);
         if (taken != in_send_.end()) {
           taken->second = true;  // the send in progress answers when done
@@ -2177,7 +2207,7 @@ class EndpointImpl {
 
   // A handle from the peer: memory we lent coming back, or any other.
   Status take_buffer(RemoteBuffer buffer) {
-    std::unique_lock lock(mu_);
+    FutexLock lock(mu_);
     auto lent = buffer.owner().manager_id == manager_.identity().manager_id
                     ? lent_.find(buffer.id())
                     : lent_.end();
@@ -2206,7 +2236,7 @@ class EndpointImpl {
   // --- the lease keeper: reclaims lent memory whose lease ended ----------------------------
 
   void keep_leases() {
-    std::unique_lock lock(mu_);
+    FutexLock lock(mu_);
     while (true) {
       Deadline next = Deadline::max();
       std::vector<Lent> expired;
@@ -2268,6 +2298,11 @@ class EndpointImpl {
   // peer_closed_, held_replies_, reply_depth_).
   bool reading_ = false;
   std::thread::id reader_id_;  // its holder, while reading_
+  // The reader role's holder while it dispatches frames (inside pump()),
+  // else none: a frame written by this thread meanwhile is a reply, held
+  // (see write_pieces). Set by that thread alone, so a thread that finds
+  // its own id here is inside pump().
+  std::atomic<std::thread::id> pumping_thread_{};
   // The reader role's holder alone: replies held while it pumps, and how
   // deep it is in writing them (see read_while_blocked).
   std::vector<uint8_t> held_replies_;
@@ -2287,8 +2322,10 @@ class EndpointImpl {
   std::deque<RemoteBuffer> remote_buffers_;
   std::deque<LocalMemory> returned_;
 
-  FutexMutex write_mu_;            // one frame at a time on the socket
-  std::vector<uint8_t> deferred_;  // credits held back (defer_credit), under write_mu_
+  FutexMutex write_mu_;  // one frame at a time on the socket
+  // Credits held back (defer_credit), under write_mu_: room in place for
+  // those of the bench's 16 receives.
+  SmallBytes<512> deferred_;
   std::atomic<bool> has_deferred_{false};
   // What one write gathers (under write_mu_; kept for their capacity).
   std::vector<iovec> socket_pieces_;

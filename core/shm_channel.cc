@@ -15,8 +15,6 @@ namespace rdmabuf {
 namespace {
 
 constexpr uint64_t kChannelMagic = 0x314e4843504552ULL;  // "REPCHN1"
-constexpr size_t kRingBytes = size_t{512} << 10;         // a power of two
-static_assert((kRingBytes & (kRingBytes - 1)) == 0);
 
 }  // namespace
 
@@ -39,12 +37,7 @@ struct ShmChannel::Layout {
 namespace {
 
 constexpr size_t kDataOffset = 4096;  // the layout's page; the rings follow
-constexpr size_t kFileBytes = kDataOffset + 2 * kRingBytes;
-
-// Positions and flags are shared with another process: only lock-free
-// atomics work across address spaces.
-static_assert(std::atomic_ref<uint64_t>::is_always_lock_free &&
-              std::atomic_ref<uint32_t>::is_always_lock_free);
+constexpr size_t kFileBytes = kDataOffset + 2 * ShmChannel::kRingBytes;
 
 template <typename T>
 std::atomic_ref<T> shared(T& field) {
@@ -52,10 +45,6 @@ std::atomic_ref<T> shared(T& field) {
 }
 
 }  // namespace
-
-size_t ShmChannel::ring_bytes() {
-  return kRingBytes;
-}
 
 ShmChannel::ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring)
     : fd_(std::move(fd)),
@@ -66,7 +55,13 @@ ShmChannel::ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring)
                 static_cast<size_t>(writes_ring) * kRingBytes),
       in_control_(&layout().rings[1 - writes_ring]),
       in_data_(static_cast<uint8_t*>(base) + kDataOffset +
-               static_cast<size_t>(1 - writes_ring) * kRingBytes) {}
+               static_cast<size_t>(1 - writes_ring) * kRingBytes),
+      in_tail_(&in_control_->tail),
+      in_head_field_(&in_control_->head) {}
+
+Status ShmChannel::corrupted() {
+  return ProtocolError("the peer corrupted the endpoint's shared ring");
+}
 
 ShmChannel::~ShmChannel() {
   if (base_) ::munmap(base_, kFileBytes);
@@ -169,24 +164,37 @@ Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
   if (wanted > kRingBytes) {
     return InvalidArgument("frames of " + std::to_string(wanted) + " bytes do not fit the ring");
   }
-  RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(wanted));
-  if (room < wanted) return false;
-  copy_in(first, 0);
-  size_t written = first.size();
-  for (const auto& piece : pieces) {
-    copy_in(piece, written);
-    written += piece.size();
+  if (kRingBytes - (out_tail_ - out_head_) < wanted) {
+    RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(wanted));
+    if (room < wanted) return false;
   }
-  if (written > 0) publish(written);
+  const size_t at = out_tail_ & (kRingBytes - 1);
+  if (at + wanted <= kRingBytes) {
+    // In one piece, as nearly every frame is: plain copies, one after the
+    // other (an empty piece's data() may be null, which memcpy must not get).
+    uint8_t* to = out_data_ + at;
+    if (!first.empty()) std::memcpy(to, first.data(), first.size());
+    to += first.size();
+    for (const auto& piece : pieces) {
+      if (!piece.empty()) std::memcpy(to, piece.data(), piece.size());
+      to += piece.size();
+    }
+  } else {
+    copy_in(first, 0);
+    size_t written = first.size();
+    for (const auto& piece : pieces) {
+      copy_in(piece, written);
+      written += piece.size();
+    }
+  }
+  if (wanted > 0) publish(wanted);
   return true;
 }
 
 Result<size_t> ShmChannel::room_for(size_t wanted) {
   if (kRingBytes - (out_tail_ - out_head_) < wanted) {  // look at the reader's progress
     const uint64_t head = shared(out_control_->head).load(std::memory_order_acquire);
-    if (out_tail_ - head > kRingBytes) {
-      return ProtocolError("the peer corrupted the endpoint's shared ring");
-    }
+    if (out_tail_ - head > kRingBytes) return corrupted();
     out_head_ = head;
   }
   return kRingBytes - (out_tail_ - out_head_);
@@ -211,7 +219,7 @@ Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
   RingControl& ring = *in_control_;
   const uint64_t tail = shared(ring.tail).load(std::memory_order_acquire);
   const uint64_t held = tail - in_head_;
-  if (held > kRingBytes) return ProtocolError("the peer corrupted the endpoint's shared ring");
+  if (held > kRingBytes) return corrupted();
   const size_t n = std::min<size_t>(size, held);
   if (n == 0) return n;
   const size_t at = in_head_ & (kRingBytes - 1);
@@ -221,23 +229,6 @@ Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
   in_head_ += n;
   shared(ring.head).store(in_head_, std::memory_order_release);  // the room is the writer's again
   return n;
-}
-
-Result<std::span<const uint8_t>> ShmChannel::peek() {
-  const uint64_t tail = shared(in_control_->tail).load(std::memory_order_acquire);
-  const uint64_t held = tail - in_head_;
-  if (held > kRingBytes) return ProtocolError("the peer corrupted the endpoint's shared ring");
-  const size_t at = in_head_ & (kRingBytes - 1);
-  return std::span<const uint8_t>(in_data_ + at, std::min<size_t>(held, kRingBytes - at));
-}
-
-void ShmChannel::consume(size_t size) {
-  in_head_ += size;
-  shared(in_control_->head).store(in_head_, std::memory_order_release);
-}
-
-bool ShmChannel::has_incoming() const {
-  return shared(in_control_->tail).load(std::memory_order_acquire) != in_head_;
 }
 
 bool ShmChannel::request_doorbell() {

@@ -15,6 +15,8 @@
 // outside the rings.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -74,15 +76,29 @@ class ShmChannel {
   Result<size_t> read_some(uint8_t* out, size_t size);
   // Whether the incoming ring holds bytes: one load, for a reader that
   // spins.
-  bool has_incoming() const;
+  bool has_incoming() const {
+    return std::atomic_ref<uint64_t>(*in_tail_).load(std::memory_order_acquire) != in_head_;
+  }
   // The bytes the incoming ring holds from the read position on, as far as
   // they lie in one piece (to the ring's end): a view into the shared file,
   // for a reader that takes them in place, then calls consume(). The peer
   // can write into them meanwhile: check a copy, never the view twice.
   // kProtocolError when the peer corrupted the ring.
-  Result<std::span<const uint8_t>> peek();
+  // Inline, as consume(): a reader takes two or three frames a message.
+  Result<std::span<const uint8_t>> peek() {
+    const uint64_t tail = std::atomic_ref<uint64_t>(*in_tail_).load(std::memory_order_acquire);
+    const uint64_t held = tail - in_head_;
+    if (held > kRingBytes) [[unlikely]]
+      return corrupted();
+    const size_t at = in_head_ & (kRingBytes - 1);
+    return std::span<const uint8_t>(in_data_ + at, std::min<size_t>(held, kRingBytes - at));
+  }
   // Gives `size` bytes of a peek() back to the writer (at most those).
-  void consume(size_t size);
+  void consume(size_t size) {
+    in_head_ += size;
+    // The room is the writer's again.
+    std::atomic_ref<uint64_t>(*in_head_field_).store(in_head_, std::memory_order_release);
+  }
 
   // Doorbells. A reader that found the incoming ring empty and is about to
   // sleep on the TCP connection calls request_doorbell() first: false when
@@ -94,11 +110,19 @@ class ShmChannel {
   bool doorbell_requested();
 
   // Each ring's capacity in bytes.
-  static size_t ring_bytes();
+  static constexpr size_t kRingBytes = size_t{512} << 10;  // a power of two
+  static_assert((kRingBytes & (kRingBytes - 1)) == 0);
+  static size_t ring_bytes() { return kRingBytes; }
 
  private:
+  // Positions and flags are shared with another process: only lock-free
+  // atomics work across address spaces.
+  static_assert(std::atomic_ref<uint64_t>::is_always_lock_free &&
+                std::atomic_ref<uint32_t>::is_always_lock_free);
+
   struct Layout;
   struct RingControl;
+  [[gnu::cold]] static Status corrupted();
   ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring);
   Layout& layout() const;
   // The outgoing ring's free bytes, loading the reader's head only when
@@ -117,8 +141,10 @@ class ShmChannel {
   uint8_t* out_data_;
   RingControl* in_control_;  // of the ring this side reads
   const uint8_t* in_data_;
-  uint64_t out_tail_ = 0;  // this side's own positions, never read back
-  uint64_t in_head_ = 0;   // from the shared file
+  uint64_t* in_tail_;        // in_control_'s fields: the peer's write position,
+  uint64_t* in_head_field_;  // and this side's read position as published
+  uint64_t out_tail_ = 0;    // this side's own positions, never read back
+  uint64_t in_head_ = 0;     // from the shared file
   // The reader's head as this side last loaded it: there is at least this
   // much room, so the writer loads the peer's line only when that is not
   // enough (a cache line less to move per frame).

@@ -96,10 +96,37 @@ TEST(FutexMutex, WorksWithConditionVariableAny) {
     ready = true;
     cv.notify_all();
   });
-  std::unique_lock lock(mu);
+  FutexLock lock(mu);  // as the endpoint waits
   EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return ready; }));
+  EXPECT_TRUE(lock.owns_lock());
   lock.unlock();
   setter.join();
+}
+
+TEST(FutexLock, HoldsFromConstructionOrFromLockAndLetsGoAtTheEnd) {
+  FutexMutex mu;
+  {
+    FutexLock lock(mu);
+    EXPECT_TRUE(lock.owns_lock());
+    EXPECT_FALSE(mu.try_lock());
+  }
+  EXPECT_TRUE(mu.try_lock());  // the destructor let go
+  mu.unlock();
+  {
+    FutexLock lock(mu, std::defer_lock);
+    EXPECT_FALSE(lock.owns_lock());
+    EXPECT_TRUE(mu.try_lock());  // not taken
+    mu.unlock();
+    lock.lock();
+    EXPECT_TRUE(lock.owns_lock());
+    EXPECT_FALSE(mu.try_lock());
+    lock.unlock();
+    EXPECT_FALSE(lock.owns_lock());
+    EXPECT_TRUE(mu.try_lock());
+    mu.unlock();
+  }  // not held: the destructor leaves the mutex alone
+  EXPECT_TRUE(mu.try_lock());
+  mu.unlock();
 }
 
 }  // namespace
