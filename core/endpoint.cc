@@ -508,6 +508,23 @@ class EndpointImpl {
       if (queued_sends_.empty() && !credits_.empty() && answered_by_frames(message)) {
         Credit credit = std::move(credits_.front());
         credits_.pop_front();
+        if (shm_ && message.size() <= std::min(kInlineLimit, credit.capacity)) {
+          // Into the ring under this hold of mu_ (the ring's frames lock),
+          // when it has room now: a small send takes one lock.
+          FrameBuilder inline_message(Frame::kSentInline);
+          inline_message.u64(credit.seq);
+          const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(message.data()),
+                                               message.size());
+          const std::span<const uint8_t> pieces[] = {inline_message.done(bytes.size()), bytes};
+          bool doorbell = false;
+          Result<bool> wrote = try_write_to_ring(pieces, doorbell);
+          if (!wrote.ok() || *wrote) {
+            lock.unlock();
+            if (doorbell) ring_doorbell();
+            return std::variant<Status, uint64_t>(wrote.ok() ? Status::Ok()
+                                                             : broke_while_sending(wrote.status()));
+          }
+        }
         lock.unlock();
         return std::variant<Status, uint64_t>(send_in_frames(credit, message));
       }
@@ -560,7 +577,11 @@ class EndpointImpl {
       RDMABUF_RETURN_IF_ERROR(usable());
       RDMABUF_ASSIGN_OR_RETURN(handle, manager_.register_buffer(into));
     }
+    std::vector<uint8_t> handle_bytes;
+    if (handle.valid()) handle_bytes = handle.to_bytes();
+    FrameBuilder credit(Frame::kPosted);
     uint64_t seq;
+    bool full = false;
     {
       FutexLock lock(mu_);
       if (!broken_.ok()) {
@@ -573,11 +594,19 @@ class EndpointImpl {
       Receive& posted = waiting_.add(seq);
       posted.into = into;
       posted.handle = handle;
+      credit.u64(seq).u64(into.size()).blob(handle_bytes);
+      // With the next frame, or when this side waits (see hold_credit).
+      if (shm_) full = hold_credit(credit.done());  // mu_ is the ring's frames lock
     }
-    FrameBuilder posted(Frame::kPosted);
-    posted.u64(seq).u64(into.size());
-    posted.blob(handle.valid() ? handle.to_bytes() : std::vector<uint8_t>());
-    defer_credit(std::move(posted));  // with the next frame, or when this side waits
+    if (!shm_) {
+      std::lock_guard lock(write_mu_);
+      full = hold_credit(credit.done());
+    }
+    if (full) {
+      flush().ignore();  // a failure breaks the endpoint: its waits say so
+    } else if (serve_sleeping_.load()) {
+      signal_eventfd(wake_.get());
+    }
     return seq;
   }
 
@@ -1185,7 +1214,12 @@ class EndpointImpl {
     }
     Status st = shm_ ? write_to_ring(pieces) : write_to_socket(pieces);
     if (st.ok()) return st;
-    // A frame cut short leaves the stream unusable: close it for both.
+    return broke_while_sending(st);
+  }
+
+  // A frame cut short (by `st`) leaves the stream unusable: closes it for
+  // both sides. The endpoint's state after (no lock held).
+  Status broke_while_sending(const Status& st) {
     break_with(Unavailable("the endpoint broke while sending: " + st.message()));
     return usable();
   }
@@ -1218,12 +1252,12 @@ class EndpointImpl {
     return st;
   }
 
-  // The credits held back went out (write_mu_ held).
+  // The credits held back went out (frames lock held).
   void deferred_sent() {
     if (deferred_.empty()) return;
     deferred_.clear();
     has_deferred_.store(false, std::memory_order_relaxed);
-    // These counts change under write_mu_ alone: no read-modify-write.
+    // These counts change under the frames lock alone: no read-modify-write.
     credits_sent_.store(credits_sent_.load(std::memory_order_relaxed) +
                             held_credits_.load(std::memory_order_relaxed),
                         std::memory_order_relaxed);
@@ -1232,21 +1266,22 @@ class EndpointImpl {
 
   // The shared ring: the credits held back, then `pieces`; then a doorbell
   // when the peer's reader asked for one. The frames go in whole or not at
-  // all, under write_mu_; while the ring has no room for them, this thread
-  // waits without write_mu_, and reads meanwhile when it may
+  // all, under mu_ (the ring's frames lock: see write_mu_); while the ring has no room for them,
+  // this thread waits without it, and reads meanwhile when it may
   // (wait_for_room): the peer may be waiting for room in the other ring.
   Status write_to_ring(std::span<const std::span<const uint8_t>> pieces) {
     Deadline deadline = Deadline::min();  // read the clock only when the ring is full
     Deadline spin_until;
     while (true) {
-      {
-        std::lock_guard lock(write_mu_);
-        RDMABUF_ASSIGN_OR_RETURN(bool wrote, shm_->write_whole(deferred_, pieces));
-        if (wrote) {
-          deferred_sent();
-          if (shm_->doorbell_requested()) ring_doorbell();
-          return Status::Ok();
-        }
+      bool doorbell = false;
+      Result<bool> wrote = [&] {
+        std::lock_guard lock(mu_);
+        return try_write_to_ring(pieces, doorbell);
+      }();
+      RDMABUF_RETURN_IF_ERROR(wrote.status());
+      if (*wrote) {
+        if (doorbell) ring_doorbell();
+        return Status::Ok();
       }
       if (deadline == Deadline::min()) {
         const Deadline now = Clock::now();
@@ -1255,6 +1290,17 @@ class EndpointImpl {
       }
       RDMABUF_RETURN_IF_ERROR(wait_for_room(spin_until, deadline));
     }
+  }
+
+  // Writes the credits held back, then `pieces`, into the ring if it has
+  // room for them all now (mu_ held): whether it did. `doorbell`: the
+  // peer's reader asked for one; ring_doorbell() once mu_ is free.
+  Result<bool> try_write_to_ring(std::span<const std::span<const uint8_t>> pieces, bool& doorbell) {
+    RDMABUF_ASSIGN_OR_RETURN(bool wrote, shm_->write_whole(deferred_, pieces));
+    if (!wrote) return false;
+    deferred_sent();
+    doorbell = shm_->doorbell_requested();
+    return true;
   }
 
   void ring_doorbell() {
@@ -1324,25 +1370,16 @@ class EndpointImpl {
   // Holds a receive's credit (its kPosted frame) back, to go out with the
   // next frame written, or by flush(): a wait on this endpoint (see
   // wait_receive), or the endpoint's thread within kLinger (at once when it
-  // sleeps). One write then carries, say, a receive's credit and the
-  // message that follows it, or several credits. At kMostHeldBack bytes
-  // they go at once.
-  void defer_credit(FrameBuilder&& builder) {
-    auto bytes = builder.done();
-    bool full;
-    {
-      std::lock_guard lock(write_mu_);
-      deferred_.append(bytes);
-      has_deferred_.store(true);  // seq_cst, against serve_sleeping_ (see serve)
-      held_credits_.store(held_credits_.load(std::memory_order_relaxed) + 1,
-                          std::memory_order_relaxed);
-      full = deferred_.size() >= kMostHeldBack;
-    }
-    if (full) {
-      flush().ignore();  // a failure breaks the endpoint: its waits say so
-    } else if (serve_sleeping_.load()) {
-      signal_eventfd(wake_.get());
-    }
+  // sleeps: the caller wakes it). One write then carries, say, a receive's
+  // credit and the message that follows it, or several credits. Frames
+  // lock held (see write_mu_). True at kMostHeldBack bytes: the caller
+  // flushes them at once.
+  bool hold_credit(std::span<const uint8_t> frame) {
+    deferred_.append(frame);
+    has_deferred_.store(true);  // seq_cst, against serve_sleeping_ (see serve)
+    held_credits_.store(held_credits_.load(std::memory_order_relaxed) + 1,
+                        std::memory_order_relaxed);
+    return deferred_.size() >= kMostHeldBack;
   }
 
   // Writes the frames held back, if any.
@@ -1426,8 +1463,7 @@ class EndpointImpl {
       if (may_lead()) {
         reading_ = true;
         reader_id_ = std::this_thread::get_id();
-        lock.unlock();
-        past_deadline = !lead(lock, deadline, ready);
+        past_deadline = !lead(lock, deadline, ready);  // its first look still under mu_
         continue;
       }
       const Deadline now = Clock::now();
@@ -1452,12 +1488,14 @@ class EndpointImpl {
     if (sleepers_ > 0) cv_.notify_all();
   }
 
-  // Reads as the reader role's holder (taken by await, which let go of mu_
+  // Reads as the reader role's holder (taken by await, which holds mu_
   // through `lock`) until `ready`, the deadline, the endpoint closing or
-  // notifications piling up; then gives the role back. Returns with `lock`
-  // held, so that the check that ends the reading, the role's return and
-  // the caller's own look at what it waited for take mu_ once. False when
-  // it stopped at the deadline.
+  // notifications piling up; then gives the role back. The first look at
+  // the channel goes on under mu_ (the messages and credits it takes take
+  // it anyway), and the function returns with `lock` held, so that a wait
+  // whose message is there takes mu_ once: for the look, the role's return
+  // and the caller's own look at what it waited for. False when it stopped
+  // at the deadline.
   template <typename Pred>
   bool lead(FutexLock& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set when a look finds nothing
@@ -1618,7 +1656,7 @@ class EndpointImpl {
   // replies the dispatches wrote are held meanwhile and written at the end;
   // inside a write to the TCP connection (whose lock this thread holds),
   // by the next pump instead.
-  // `lock`, on mu_ and not held on entry, may be held on return: the
+  // `lock`, on mu_, held or not on entry, may be held on return: the
   // frames taken last were messages or credits, taken under it, and the
   // caller's next step is to take it anyway.
   Status pump(bool& progressed, FutexLock& lock) {
@@ -1642,6 +1680,7 @@ class EndpointImpl {
   }
   Status pump_frames(bool& progressed, FutexLock& lock) {
     bool read_once = false;
+    if (in_begin_ != in_end_ && lock.owns_lock()) lock.unlock();  // dispatch takes it
     while (true) {
       while (in_end_ - in_begin_ >= kHeaderSize) {
         const auto [size, type] = read_header(in_.get() + in_begin_);
@@ -2322,8 +2361,16 @@ class EndpointImpl {
   std::deque<RemoteBuffer> remote_buffers_;
   std::deque<LocalMemory> returned_;
 
-  FutexMutex write_mu_;  // one frame at a time on the socket
-  // Credits held back (defer_credit), under write_mu_: room in place for
+  // The frames lock: one writer at a time into the channel, which also
+  // guards the credits held back (deferred_ and its counts). The socket's
+  // is write_mu_: a send may block, and mu_ must stay free meanwhile for
+  // the reader. The ring's is mu_ itself: a write into it never blocks (a
+  // full ring is waited for without the lock), and the message path then
+  // takes one lock where it took two: a receive posts its credit, and a
+  // send writes its frame, under the hold of mu_ that takes the receive's
+  // slot or the credit. Either is taken with no other lock held.
+  FutexMutex write_mu_;  // the socket's frames lock
+  // Credits held back (hold_credit), frames lock held: room in place for
   // those of the bench's 16 receives.
   SmallBytes<512> deferred_;
   std::atomic<bool> has_deferred_{false};
@@ -2333,7 +2380,7 @@ class EndpointImpl {
   // not answered yet (see wait_receive). Counts for a heuristic: read
   // without a lock.
   std::atomic<int64_t> held_credits_{0};
-  std::atomic<int64_t> credits_sent_{0};     // under write_mu_
+  std::atomic<int64_t> credits_sent_{0};     // frames lock held
   std::atomic<int64_t> credits_used_{0};     // answered, under mu_
   std::atomic<bool> serve_sleeping_{false};  // the endpoint's thread waits with no timeout
   // Shared-memory channel: doorbells taken from the socket (take_doorbells),
