@@ -11,10 +11,12 @@
 # Starts `rdmabuf serve --endpoint` (natively), runs rdmabuf_ping_pong
 # under callgrind against it, and prints the inclusive instructions of
 # Endpoint::post_receive, Endpoint::send and PendingReceive::wait, per
-# round trip. Under callgrind the client is so slow that the server always
-# answers before it looks, so the count is work, not spinning. Keep the
-# machine otherwise idle: a server that falls behind makes the client spin,
-# which counts. The profile stays in BUILD/callgrind.ping_pong.out for
+# round trip. Under callgrind the client is so slow that the server nearly
+# always answers before it looks, so the count is work, not spinning. Keep
+# the machine otherwise idle: a server that falls behind makes the client
+# spin, which counts (on a host that steals CPU time from the server, the
+# wait's count moves by up to a fifth between runs; send's and
+# post_receive's do not). The profile stays in BUILD/callgrind.ping_pong.out for
 # callgrind_annotate (valgrind's own messages in callgrind.ping_pong.log).
 #
 # Beside it, the peer's figure from the same run: ucx_perftest -t tag_lat
