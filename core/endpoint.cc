@@ -1266,9 +1266,10 @@ class EndpointImpl {
 
   // The shared ring: the credits held back, then `pieces`; then a doorbell
   // when the peer's reader asked for one. The frames go in whole or not at
-  // all, under mu_ (the ring's frames lock: see write_mu_); while the ring has no room for them,
-  // this thread waits without it, and reads meanwhile when it may
-  // (wait_for_room): the peer may be waiting for room in the other ring.
+  // all, under mu_ (the ring's frames lock: see write_mu_); while the ring
+  // has no room for them, this thread waits without it, and reads
+  // meanwhile when it may (wait_for_room): the peer may be waiting for
+  // room in the other ring.
   Status write_to_ring(std::span<const std::span<const uint8_t>> pieces) {
     Deadline deadline = Deadline::min();  // read the clock only when the ring is full
     Deadline spin_until;

@@ -18,15 +18,6 @@ constexpr uint64_t kChannelMagic = 0x314e4843504552ULL;  // "REPCHN1"
 
 }  // namespace
 
-// One direction. Each field on a cache line of its own: the producer writes
-// `tail`, the consumer `head`; `doorbell` is set by the consumer and taken
-// by the producer.
-struct alignas(64) ShmChannel::RingControl {
-  alignas(64) uint64_t tail;
-  alignas(64) uint64_t head;
-  alignas(64) uint32_t doorbell;
-};
-
 struct ShmChannel::Layout {
   uint64_t magic;  // published last by the creator
   uint64_t nonce;
@@ -37,7 +28,7 @@ struct ShmChannel::Layout {
 namespace {
 
 constexpr size_t kDataOffset = 4096;  // the layout's page; the rings follow
-constexpr size_t kFileBytes = kDataOffset + 2 * ShmChannel::kRingBytes;
+constexpr size_t kFileBytes = kDataOffset + 2 * ShmChannel::ring_bytes();
 
 template <typename T>
 std::atomic_ref<T> shared(T& field) {
@@ -55,9 +46,7 @@ ShmChannel::ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring)
                 static_cast<size_t>(writes_ring) * kRingBytes),
       in_control_(&layout().rings[1 - writes_ring]),
       in_data_(static_cast<uint8_t*>(base) + kDataOffset +
-               static_cast<size_t>(1 - writes_ring) * kRingBytes),
-      in_tail_(&in_control_->tail),
-      in_head_field_(&in_control_->head) {}
+               static_cast<size_t>(1 - writes_ring) * kRingBytes) {}
 
 Status ShmChannel::corrupted() {
   return ProtocolError("the peer corrupted the endpoint's shared ring");
@@ -164,34 +153,21 @@ Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
   if (wanted > kRingBytes) {
     return InvalidArgument("frames of " + std::to_string(wanted) + " bytes do not fit the ring");
   }
-  if (kRingBytes - (out_tail_ - out_head_) < wanted) {
-    RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(wanted));
-    if (room < wanted) return false;
+  RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(wanted));
+  if (room < wanted) return false;
+  copy_in(first, 0);
+  size_t written = first.size();
+  for (const auto& piece : pieces) {
+    copy_in(piece, written);
+    written += piece.size();
   }
-  const size_t at = out_tail_ & (kRingBytes - 1);
-  if (at + wanted <= kRingBytes) {
-    // In one piece, as nearly every frame is: plain copies, one after the
-    // other (an empty piece's data() may be null, which memcpy must not get).
-    uint8_t* to = out_data_ + at;
-    if (!first.empty()) std::memcpy(to, first.data(), first.size());
-    to += first.size();
-    for (const auto& piece : pieces) {
-      if (!piece.empty()) std::memcpy(to, piece.data(), piece.size());
-      to += piece.size();
-    }
-  } else {
-    copy_in(first, 0);
-    size_t written = first.size();
-    for (const auto& piece : pieces) {
-      copy_in(piece, written);
-      written += piece.size();
-    }
-  }
-  if (wanted > 0) publish(wanted);
+  if (written > 0) publish(written);
   return true;
 }
 
-Result<size_t> ShmChannel::room_for(size_t wanted) {
+// The helpers of the writes are inline always: a frame is two or three
+// pieces, and the writes are on every message's path.
+[[gnu::always_inline]] inline Result<size_t> ShmChannel::room_for(size_t wanted) {
   if (kRingBytes - (out_tail_ - out_head_) < wanted) {  // look at the reader's progress
     const uint64_t head = shared(out_control_->head).load(std::memory_order_acquire);
     if (out_tail_ - head > kRingBytes) return corrupted();
@@ -200,7 +176,8 @@ Result<size_t> ShmChannel::room_for(size_t wanted) {
   return kRingBytes - (out_tail_ - out_head_);
 }
 
-void ShmChannel::copy_in(std::span<const uint8_t> piece, size_t offset) {
+[[gnu::always_inline]] inline void ShmChannel::copy_in(std::span<const uint8_t> piece,
+                                                       size_t offset) {
   if (piece.empty()) return;  // its data() may be null, which memcpy must not get
   const size_t at = (out_tail_ + offset) & (kRingBytes - 1);
   const size_t first = std::min(piece.size(), kRingBytes - at);
@@ -208,7 +185,7 @@ void ShmChannel::copy_in(std::span<const uint8_t> piece, size_t offset) {
   if (piece.size() > first) std::memcpy(out_data_, piece.data() + first, piece.size() - first);
 }
 
-void ShmChannel::publish(size_t size) {
+[[gnu::always_inline]] inline void ShmChannel::publish(size_t size) {
   out_tail_ += size;
   // seq_cst, with doorbell_requested()'s load: a reader that asked for a
   // doorbell before this store is seen; one that asks after sees the bytes.

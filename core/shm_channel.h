@@ -77,7 +77,7 @@ class ShmChannel {
   // Whether the incoming ring holds bytes: one load, for a reader that
   // spins.
   bool has_incoming() const {
-    return std::atomic_ref<uint64_t>(*in_tail_).load(std::memory_order_acquire) != in_head_;
+    return std::atomic_ref<uint64_t>(in_control_->tail).load(std::memory_order_acquire) != in_head_;
   }
   // The bytes the incoming ring holds from the read position on, as far as
   // they lie in one piece (to the ring's end): a view into the shared file,
@@ -86,7 +86,8 @@ class ShmChannel {
   // kProtocolError when the peer corrupted the ring.
   // Inline, as consume(): a reader takes two or three frames a message.
   Result<std::span<const uint8_t>> peek() {
-    const uint64_t tail = std::atomic_ref<uint64_t>(*in_tail_).load(std::memory_order_acquire);
+    const uint64_t tail =
+        std::atomic_ref<uint64_t>(in_control_->tail).load(std::memory_order_acquire);
     const uint64_t held = tail - in_head_;
     if (held > kRingBytes) [[unlikely]]
       return corrupted();
@@ -97,7 +98,7 @@ class ShmChannel {
   void consume(size_t size) {
     in_head_ += size;
     // The room is the writer's again.
-    std::atomic_ref<uint64_t>(*in_head_field_).store(in_head_, std::memory_order_release);
+    std::atomic_ref<uint64_t>(in_control_->head).store(in_head_, std::memory_order_release);
   }
 
   // Doorbells. A reader that found the incoming ring empty and is about to
@@ -110,18 +111,26 @@ class ShmChannel {
   bool doorbell_requested();
 
   // Each ring's capacity in bytes.
-  static constexpr size_t kRingBytes = size_t{512} << 10;  // a power of two
-  static_assert((kRingBytes & (kRingBytes - 1)) == 0);
-  static size_t ring_bytes() { return kRingBytes; }
+  static constexpr size_t ring_bytes() { return kRingBytes; }
 
  private:
+  static constexpr size_t kRingBytes = size_t{512} << 10;  // a power of two
+  static_assert((kRingBytes & (kRingBytes - 1)) == 0);
   // Positions and flags are shared with another process: only lock-free
   // atomics work across address spaces.
   static_assert(std::atomic_ref<uint64_t>::is_always_lock_free &&
                 std::atomic_ref<uint32_t>::is_always_lock_free);
 
   struct Layout;
-  struct RingControl;
+  // One direction. Each field on a cache line of its own: the producer
+  // writes `tail`, the consumer `head`; `doorbell` is set by the consumer
+  // and taken by the producer. (Here, not in the .cc: peek() and
+  // consume() are inline.)
+  struct alignas(64) RingControl {
+    alignas(64) uint64_t tail;
+    alignas(64) uint64_t head;
+    alignas(64) uint32_t doorbell;
+  };
   [[gnu::cold]] static Status corrupted();
   ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring);
   Layout& layout() const;
@@ -141,10 +150,8 @@ class ShmChannel {
   uint8_t* out_data_;
   RingControl* in_control_;  // of the ring this side reads
   const uint8_t* in_data_;
-  uint64_t* in_tail_;        // in_control_'s fields: the peer's write position,
-  uint64_t* in_head_field_;  // and this side's read position as published
-  uint64_t out_tail_ = 0;    // this side's own positions, never read back
-  uint64_t in_head_ = 0;     // from the shared file
+  uint64_t out_tail_ = 0;  // this side's own positions, never read back
+  uint64_t in_head_ = 0;   // from the shared file
   // The reader's head as this side last loaded it: there is at least this
   // much room, so the writer loads the peer's line only when that is not
   // enough (a cache line less to move per frame).
