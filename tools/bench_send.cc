@@ -7,16 +7,26 @@
 // receive for the echo posted before the send), reported
 // as half the round trip (as tag_lat reports it): the median and p99 of at
 // least 1000 after a warm-up as long as ucx_perftest's (10000 round trips,
-// or a second at most). Bandwidth is messages sent back to back by one
+// or a second at most), timed with one clock read per trip (as tag_lat
+// reads its clock once per iteration; a read costs about 50 ns here).
+// Bandwidth is messages sent back to back by one
 // thread that keeps --window of them posted (Endpoint::post_send, 16 by
 // default, as many as the peer keeps receives posted), as tag_bw keeps a
-// window of sends in flight, repeated --iters times: the median. UCX runs
-// once per size after rdmabuf.
+// window of sends in flight, repeated --iters times: the median.
+//
+// Both run in --rounds rounds (3). In a round, each size is measured by
+// rdmabuf and at once after by UCX, so that the two meet the same machine:
+// here the time a cache line takes between the two cores moves by up to
+// five times from one minute to the next. Each figure is the median over
+// the rounds, and the table shows the lowest and highest of the rounds'
+// own ratios beside the ratio of the medians.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +54,7 @@ struct SendOptions {
   std::vector<uint64_t> latency_sizes = {8, 4096, 65536};
   std::vector<uint64_t> sizes;
   int iters = 10;
+  int rounds = 3;
   int window = 16;  // sends posted at once, from one thread
   bool compare_peer = true;
   bool json = false;
@@ -52,13 +63,16 @@ struct SendOptions {
 Result<SendOptions> parse_send_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(
       Args args,
-      parse_args(argc, argv, 2, {"op", "backend", "sizes", "iters", "window", "peer"}, {"json"}));
+      parse_args(argc, argv, 2, {"op", "backend", "sizes", "iters", "rounds", "window", "peer"},
+                 {"json"}));
   if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
   SendOptions o;
   o.backend = args.get("backend");
   RDMABUF_ASSIGN_OR_RETURN(o.sizes, args.size_list("sizes", "4K,64K,1M,4M"));
   RDMABUF_ASSIGN_OR_RETURN(int64_t iters, args.integer("iters", 10, 1, 100000));
   o.iters = static_cast<int>(iters);
+  RDMABUF_ASSIGN_OR_RETURN(int64_t rounds, args.integer("rounds", 3, 1, 100));
+  o.rounds = static_cast<int>(rounds);
   RDMABUF_ASSIGN_OR_RETURN(int64_t window, args.integer("window", 16, 1, 1024));
   o.window = static_cast<int>(window);
   std::string peer = args.get("peer").value_or("auto");
@@ -78,11 +92,11 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
   RDMABUF_ASSIGN_OR_RETURN(LocalMemory pong, LocalMemory::allocate(size));
   std::memset(ping.data(), 'E', size);  // 'E': echo it
   std::vector<double> half_trips;
-  const auto warm_until = Clock::now() + kMostWarmup;
+  half_trips.reserve(static_cast<size_t>(samples));
+  auto start = Clock::now();  // of the next trip: where the last one ended
+  const auto warm_until = start + kMostWarmup;
   bool warm = false;
   for (int i = 0; static_cast<int>(half_trips.size()) < samples; ++i) {
-    if (!warm && (i >= kWarmupTrips || Clock::now() >= warm_until)) warm = true;
-    auto start = Clock::now();
     // The receive for the echo is posted first, so that its credit is at
     // the peer when the echo is ready, and travels with the message.
     RDMABUF_ASSIGN_OR_RETURN(PendingReceive echo, endpoint.post_receive(pong));
@@ -92,7 +106,11 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
       return Internal("the echo came back with " + std::to_string(got) + " bytes, not " +
                       std::to_string(size));
     }
-    if (warm) half_trips.push_back(micros_since(start) / 2);
+    const auto end = Clock::now();
+    if (warm)
+      half_trips.push_back(std::chrono::duration<double, std::micro>(end - start).count() / 2);
+    if (!warm && (i + 1 >= kWarmupTrips || end >= warm_until)) warm = true;
+    start = end;
   }
   return half_trips;
 }
@@ -164,84 +182,121 @@ int cmd_bench_send(int argc, char** argv) {
   if (!connected.ok()) return fail(connected.status().with_context("connecting to the peer"));
   Endpoint& endpoint = **connected;
 
-  Progress progress(static_cast<int>(o.latency_sizes.size() + o.sizes.size()) * (run_ucx ? 2 : 1));
-  std::vector<Figure> figures;
   const std::string system = "rdmabuf " + backend;
   const std::string ucx = backend == "tcp" ? "UCX tcp" : "UCX shm";
-  for (uint64_t size : o.latency_sizes) {
-    progress.step("latency: " + format_bytes(size));
-    auto trips = ping_pong(endpoint, size, std::max(1000, o.iters * 100));
-    if (!trips.ok()) return fail(trips.status());
-    Figure f = Figure::of(system, "latency", "send", size);
-    f.note = "frames: " + endpoint.channel();
-    f.p50_us = percentile(*trips, 50);
-    f.p99_us = percentile(*trips, 99);
-    f.runs = static_cast<int>(trips->size());
-    figures.push_back(f);
-    if (!run_ucx) continue;
-    progress.step("ucx_perftest tag_lat " + format_bytes(size));
-    auto u = run_ucx_perftest("tag_lat", size, kWarmupTrips, ucx_tls);
+  // UCX's figure of `test` at `size`, when it runs here: none when it
+  // does not, or failed (said on stderr; the round goes on without it).
+  auto run_peer = [&](Progress& progress, const char* test, uint64_t size,
+                      int iterations) -> std::optional<UcxFigure> {
+    if (!run_ucx) return std::nullopt;
+    progress.step(std::string("ucx_perftest ") + test + " " + format_bytes(size));
+    auto u = run_ucx_perftest(test, size, iterations, ucx_tls);
     if (!u.ok()) {
-      std::fprintf(stderr, "rdmabuf bench: ucx_perftest tag_lat: %s\n",
+      std::fprintf(stderr, "rdmabuf bench: ucx_perftest %s: %s\n", test,
                    u.status().to_string().c_str());
-      continue;
+      return std::nullopt;
     }
-    Figure g = Figure::of(ucx, "latency", "send", size);
-    g.p50_us = u->p50_us;
-    g.note = "tag_lat: half a round trip";
-    figures.push_back(g);
+    return *u;
+  };
+  // One round: every size by rdmabuf, each followed at once by UCX's.
+  auto run_round = [&](Progress& progress, std::vector<Figure>& out) -> Status {
+    for (uint64_t size : o.latency_sizes) {
+      progress.step("latency: " + format_bytes(size));
+      RDMABUF_ASSIGN_OR_RETURN(std::vector<double> trips,
+                               ping_pong(endpoint, size, std::max(1000, o.iters * 100)));
+      Figure f = Figure::of(system, "latency", "send", size);
+      f.note = "frames: " + endpoint.channel();
+      f.p50_us = percentile(trips, 50);
+      f.p99_us = percentile(trips, 99);
+      out.push_back(f);
+      auto u = run_peer(progress, "tag_lat", size, kWarmupTrips);
+      if (!u) continue;
+      Figure g = Figure::of(ucx, "latency", "send", size);
+      g.p50_us = u->p50_us;
+      g.note = "tag_lat: half a round trip";
+      out.push_back(g);
+    }
+    for (uint64_t size : o.sizes) {
+      progress.step("bandwidth: " + format_bytes(size));
+      const int count = static_cast<int>(std::clamp<uint64_t>((256u << 20) / size, 64, 20000));
+      std::vector<double> gbps;
+      for (int r = 0; r < o.iters + 1; ++r) {
+        RDMABUF_ASSIGN_OR_RETURN(double g, stream(endpoint, size, count, o.window));
+        if (r > 0) gbps.push_back(g);  // the first is the warm-up
+      }
+      Figure f = Figure::of(system, "bandwidth", "send", size);
+      f.note = "frames: " + endpoint.channel();
+      f.gbps = percentile(gbps, 50);
+      out.push_back(f);
+      auto u = run_peer(progress, "tag_bw", size, count);
+      if (!u) continue;
+      Figure g = Figure::of(ucx, "bandwidth", "send", size);
+      g.gbps = u->gbps;
+      out.push_back(g);
+    }
+    return Status::Ok();
+  };
+
+  const std::map<std::string, std::vector<std::string>> peers = {{backend, {ucx}}};
+  Progress progress(o.rounds * static_cast<int>(o.latency_sizes.size() + o.sizes.size()) *
+                    (run_ucx ? 2 : 1));
+  std::vector<Figure> runs;
+  // The lowest and highest of the rounds' own ratios, by (kind, size).
+  std::map<std::pair<std::string, uint64_t>, std::pair<double, double>> round_speedups;
+  for (int round = 0; round < o.rounds; ++round) {
+    std::vector<Figure> figures;
+    Status st = run_round(progress, figures);
+    if (!st.ok()) {
+      progress.finish();
+      return fail(st);
+    }
+    for (const Comparison& c : compare(figures, peers)) {
+      auto [it, fresh] = round_speedups.try_emplace({c.kind, c.size}, c.speedup, c.speedup);
+      it->second.first = std::min(it->second.first, c.speedup);
+      it->second.second = std::max(it->second.second, c.speedup);
+    }
+    runs.insert(runs.end(), figures.begin(), figures.end());
   }
-  for (uint64_t size : o.sizes) {
-    progress.step("bandwidth: " + format_bytes(size));
-    const int count = static_cast<int>(std::clamp<uint64_t>((256u << 20) / size, 64, 20000));
-    std::vector<double> gbps;
-    for (int r = 0; r < o.iters + 1; ++r) {
-      auto g = stream(endpoint, size, count, o.window);
-      if (!g.ok()) return fail(g.status());
-      if (r > 0) gbps.push_back(*g);  // the first is the warm-up
-    }
-    Figure f = Figure::of(system, "bandwidth", "send", size);
-    f.note = "frames: " + endpoint.channel();
-    f.gbps = percentile(gbps, 50);
-    f.runs = o.iters;
-    figures.push_back(f);
-    if (!run_ucx) continue;
-    progress.step("ucx_perftest tag_bw " + format_bytes(size));
-    auto u = run_ucx_perftest("tag_bw", size, count, ucx_tls);
-    if (!u.ok()) {
-      std::fprintf(stderr, "rdmabuf bench: ucx_perftest tag_bw: %s\n",
-                   u.status().to_string().c_str());
-      continue;
-    }
-    Figure g = Figure::of(ucx, "bandwidth", "send", size);
-    g.gbps = u->gbps;
-    figures.push_back(g);
-  }
+  const std::vector<Figure> figures = median_of_runs(runs);
   progress.finish();
   endpoint.close();
 
-  const auto comparisons = compare(figures, {{backend, {ucx}}});
+  const auto comparisons = compare(figures, peers);
   if (o.json) {
     RunInfo info;
     info.command = "rdmabuf bench --op send";
+    info.rounds = o.rounds;
+    info.rdmabuf_reps = o.iters;
     std::fputs(render_json(info, figures, comparisons, {}).c_str(), stdout);
     return kExitOk;
   }
   std::printf(
       "rdmabuf bench --op send: Endpoint messages over %s (frames: %s), peer %s process %d\n\n",
       backend.c_str(), endpoint.channel().c_str(), "local", peer->pid());
-  std::printf("%-9s %-9s %12s %12s  %-10s %12s %8s\n", "measure", "size", "rdmabuf", "p99",
-              ucx.c_str(), "", "x");
+  std::printf("%-9s %-9s %12s %12s  %-10s %12s %8s  %s\n", "measure", "size", "rdmabuf", "p99",
+              ucx.c_str(), "", "x", "x by round");
   for (const Figure& f : figures) {
     if (f.system != system) continue;
     const bool latency = f.kind == "latency";
-    std::printf("%-9s %-9s %9.*f %s %9.1f", latency ? "latency" : "bandwidth",
-                format_bytes(f.size).c_str(), latency ? 1 : 3, headline(f),
-                latency ? "us  " : "GB/s", f.p99_us);
+    // Three decimals for GB/s and for latencies under 10 us (shared memory
+    // answers in tenths of a microsecond), else one.
+    auto decimals = [latency](double v) { return !latency || v < 10 ? 3 : 1; };
+    std::printf("%-9s %-9s %9.*f %s", latency ? "latency" : "bandwidth",
+                format_bytes(f.size).c_str(), decimals(headline(f)), headline(f),
+                latency ? "us  " : "GB/s");
+    if (latency) {
+      std::printf(" %9.*f", decimals(f.p99_us), f.p99_us);
+    } else {
+      std::printf(" %9s", "-");
+    }
     for (const Comparison& c : comparisons) {
       if (c.kind == f.kind && c.size == f.size) {
-        std::printf("  %9.*f %s %8.2f", latency ? 1 : 3, c.peer_figure, latency ? "us  " : "GB/s",
-                    c.speedup);
+        std::printf("  %9.*f %s %8.2f", decimals(c.peer_figure), c.peer_figure,
+                    latency ? "us  " : "GB/s", c.speedup);
+        auto spread = round_speedups.find({c.kind, c.size});
+        if (spread != round_speedups.end()) {
+          std::printf("  %.2f-%.2f", spread->second.first, spread->second.second);
+        }
       }
     }
     std::printf("\n");
@@ -250,8 +305,10 @@ int cmd_bench_send(int argc, char** argv) {
       "\nlatency: one message, half its ping-pong round trip (as tag_lat reports), p50 and p99;\n"
       "bandwidth: messages sent back to back, %d posted at once by one thread, median of %d "
       "runs;\n"
-      "x: how many times faster rdmabuf is (above 1: faster). GB/s = 1e9 bytes/s.\n",
-      o.window, o.iters);
+      "each figure: the median of %d rounds, in each of which UCX ran right after rdmabuf;\n"
+      "x: how many times faster rdmabuf is (above 1: faster), from those medians; x by round:\n"
+      "the lowest and highest of the rounds' own ratios. GB/s = 1e9 bytes/s.\n",
+      o.window, o.iters, o.rounds);
   if (!run_ucx && o.compare_peer) {
     std::printf("(ucx_perftest %s: install ucx-utils to see UCX beside rdmabuf)\n",
                 ucx_tls.empty() ? "has no transport like this one" : "not found");

@@ -32,15 +32,16 @@ constexpr long kWarmUp = 1000;
 rdmabuf::Status round_trips(rdmabuf::Endpoint& endpoint, const rdmabuf::LocalMemory& ping,
                             const rdmabuf::LocalMemory& pong, long trips,
                             std::vector<double>& one_way_us) {
+  auto start = Clock::now();  // of the next trip: where the last one ended (one read a trip)
   for (long i = 0; i < trips; ++i) {
-    const auto start = Clock::now();
     auto posted = endpoint.post_receive(pong);
     if (!posted.ok()) return posted.status().with_context("posting a receive");
     RDMABUF_RETURN_IF_ERROR(endpoint.send(ping, kTimeout));
     auto echoed = posted->wait(kTimeout);
     if (!echoed.ok()) return echoed.status().with_context("waiting for the echo");
-    one_way_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() /
-                         2);
+    const auto end = Clock::now();
+    one_way_us.push_back(std::chrono::duration<double, std::micro>(end - start).count() / 2);
+    start = end;
   }
   return rdmabuf::Status::Ok();
 }
