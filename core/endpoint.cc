@@ -1086,40 +1086,40 @@ class EndpointImpl {
     }
   };
   // Our posted receives by sequence number. Numbers are handed out in
-  // order and receives mostly end in order, so: a deque from the oldest
-  // still held; one that ends early is marked, and dropped once it reaches
-  // the front. A Receive stays put until it is erased. Its slot is kept for
-  // the next one, so that a steady stream of receives allocates nothing.
+  // order and receives mostly end in order, so: a ring of slots from the
+  // oldest still held, indexed by the number's low bits; one that ends
+  // early is marked, and dropped once it reaches the front. A Receive stays
+  // put until it is erased (slots are allocated one by one, and only their
+  // pointers move when the ring grows). A slot stays in the ring for the
+  // next number that lands on it, so a steady stream of receives allocates
+  // nothing.
   class ReceiveQueue {
    public:
     // Adds the receive `seq`, the next number after the last one added.
     Receive& add(uint64_t seq) {
-      if (slots_.empty()) first_ = seq;
-      std::unique_ptr<Slot> slot;
-      if (spare_.empty()) {
-        slot = std::make_unique<Slot>();
-      } else {
-        slot = std::move(spare_.back());
-        spare_.pop_back();
-      }
+      if (span_ == 0) first_ = seq;
+      if (span_ == slots_.size()) [[unlikely]]
+        grow();
+      std::unique_ptr<Slot>& slot = slots_[seq & (slots_.size() - 1)];
+      if (!slot) slot = std::make_unique<Slot>();
       slot->held = true;
-      slots_.push_back(std::move(slot));
-      return slots_.back()->receive;
+      ++span_;
+      return slot->receive;
     }
     Receive* find(uint64_t seq) {
-      if (seq < first_ || seq - first_ >= slots_.size()) return nullptr;
-      Slot& slot = *slots_[seq - first_];
+      if (seq < first_ || seq - first_ >= span_) return nullptr;
+      Slot& slot = *slots_[seq & (slots_.size() - 1)];
       return slot.held ? &slot.receive : nullptr;
     }
     // Ends receive `seq`, which find() gave.
     void erase(uint64_t seq) {
-      Slot& slot = *slots_[seq - first_];
+      const size_t mask = slots_.size() - 1;
+      Slot& slot = *slots_[seq & mask];
       slot.held = false;
       slot.receive.reset();  // lets go of its memory now
-      while (!slots_.empty() && !slots_.front()->held) {
-        spare_.push_back(std::move(slots_.front()));
-        slots_.pop_front();
+      while (span_ > 0 && !slots_[first_ & mask]->held) {
         ++first_;
+        --span_;
       }
     }
 
@@ -1128,9 +1128,21 @@ class EndpointImpl {
       Receive receive;
       bool held = false;
     };
-    std::deque<std::unique_ptr<Slot>> slots_;
-    std::vector<std::unique_ptr<Slot>> spare_;  // as many as were held at once, at most
-    uint64_t first_ = 0;                        // the sequence number of slots_.front()
+    // Doubles the ring (full: every slot is between first_ and
+    // first_ + span_), moving each slot to the index of its number in the new one.
+    [[gnu::noinline]] void grow() {
+      std::vector<std::unique_ptr<Slot>> bigger(std::max<size_t>(16, 2 * slots_.size()));
+      for (uint64_t seq = first_; seq < first_ + span_; ++seq) {
+        bigger[seq & (bigger.size() - 1)] = std::move(slots_[seq & (slots_.size() - 1)]);
+      }
+      slots_ = std::move(bigger);
+    }
+
+    std::vector<std::unique_ptr<Slot>> slots_;  // a power of two of them (or none)
+    uint64_t first_ = 0;                        // the number of the oldest slot in use
+    // The numbers from first_ on that the ring holds, those that ended early
+    // included.
+    size_t span_ = 0;
   };
   // Memory this side lent to the peer.
   struct Lent {

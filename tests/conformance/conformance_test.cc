@@ -1077,6 +1077,54 @@ TEST_P(ConformanceTest, EndpointPostedReceivesFillInTheOrderPosted) {
       << "a receive is waited for once";
 }
 
+// Many receives posted at once, ended out of order, while the oldest still
+// open is not the first ever posted: each gets its own message. (The
+// receiver keeps its posted receives in a ring indexed by their numbers,
+// which grows here twice while its front is part way round.)
+TEST_P(ConformanceTest, EndpointManyPostedReceivesEndedInAnyOrderEachGetTheirOwn) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  constexpr size_t kFirst = 10, kDoneEarly = 5, kMore = 40, kSize = 64;
+  std::vector<LocalMemory> into;
+  std::vector<PendingReceive> posted;
+  auto post = [&](size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      into.push_back(with_sentinel(kSize));
+      auto receive = receiver->post_receive(into.back());
+      ASSERT_TRUE(receive.ok()) << receive.status().to_string();
+      posted.push_back(std::move(receive).value());
+    }
+  };
+  auto send = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i)
+      ASSERT_TRUE(sender->send(with_pattern(kSize, i), kTimeout).ok()) << "message " << i;
+  };
+  auto check = [&](size_t i) {
+    SCOPED_TRACE("receive " + std::to_string(i));
+    auto size = posted[i].wait(kTimeout);
+    ASSERT_TRUE(size.ok()) << size.status().to_string();
+    EXPECT_EQ(*size, kSize);
+    EXPECT_EQ(find_mismatch(into[i].span(), i), std::nullopt);
+  };
+  ASSERT_NO_FATAL_FAILURE(post(kFirst));
+  ASSERT_NO_FATAL_FAILURE(send(0, kDoneEarly));
+  for (size_t i = 0; i < kDoneEarly; ++i)
+    ASSERT_NO_FATAL_FAILURE(check(i));
+  ASSERT_NO_FATAL_FAILURE(post(kMore));
+  ASSERT_NO_FATAL_FAILURE(send(kDoneEarly, kFirst + kMore));
+  // Odd ones from the newest down, then even ones from the oldest up.
+  for (size_t i = kFirst + kMore; i-- > kDoneEarly;) {
+    if (i % 2 == 1) {
+      ASSERT_NO_FATAL_FAILURE(check(i));
+    }
+  }
+  for (size_t i = kDoneEarly; i < kFirst + kMore; ++i) {
+    if (i % 2 == 0) {
+      ASSERT_NO_FATAL_FAILURE(check(i));
+    }
+  }
+}
+
 // One thread keeps a window of posted sends, queued before any receive is
 // posted: each message lands whole in its own receive, in the order posted,
 // inline-sized and one-sided ones mixed (with and without the receive's
