@@ -49,6 +49,7 @@
 
 #include "common/futex_mutex.h"
 #include "common/log.h"
+#include "common/ring_queue.h"
 #include "common/socket.h"
 #include "common/wire.h"
 #include "core/notifications.h"
@@ -506,8 +507,7 @@ class EndpointImpl {
       FutexLock lock(mu_);
       RDMABUF_RETURN_IF_ERROR(broken_);
       if (queued_sends_.empty() && !credits_.empty() && answered_by_frames(message)) {
-        Credit credit = std::move(credits_.front());
-        credits_.pop_front();
+        Credit credit = credits_.take_front();
         if (shm_ && message.size() <= std::min(kInlineLimit, credit.capacity)) {
           // Into the ring under this hold of mu_ (the ring's frames lock),
           // when it has room now: a small send takes one lock.
@@ -593,7 +593,7 @@ class EndpointImpl {
       seq = next_seq_++;
       Receive& posted = waiting_.add(seq);
       posted.into = into;
-      posted.handle = handle;
+      if (handle.valid()) posted.handle = std::move(handle);  // a slot starts without one
       credit.u64(seq).u64(into.size()).blob(handle_bytes);
       // With the next frame, or when this side waits (see hold_credit).
       if (shm_) full = hold_credit(credit.done());  // mu_ is the ring's frames lock
@@ -832,8 +832,7 @@ class EndpointImpl {
         const uint64_t id = queued_sends_.front();
         queued_sends_.pop_front();
         Outgoing& out = sends_.at(id);
-        out.credit = std::move(credits_.front());
-        credits_.pop_front();
+        out.credit = credits_.take_front();
         if (out.message.size() <= stream_limit_ || out.message.size() > out.credit.capacity) {
           out.stage = Stage::kBusy;
           lock.unlock();
@@ -2061,10 +2060,9 @@ class EndpointImpl {
           taken->second = true;  // the send in progress answers when done
           break;
         }
-        auto it = std::find_if(credits_.begin(), credits_.end(),
-                               [seq](const Credit& c) { return c.seq == seq; });
-        if (it == credits_.end()) break;  // answered already: the answer crossed this
-        credits_.erase(it);
+        if (!credits_.erase_first_if([seq](const Credit& c) { return c.seq == seq; })) {
+          break;  // answered already: the answer crossed this
+        }
         lock.unlock();
         return write_frame(FrameBuilder(Frame::kNotTaken).u64(seq).u64(0));
       }
@@ -2360,7 +2358,7 @@ class EndpointImpl {
   std::vector<uint8_t> held_replies_;
   int reply_depth_ = 0;
   std::deque<Notification> notes_;      // for the endpoint's thread to deliver
-  std::deque<Credit> credits_;          // the peer's receives, not yet taken
+  RingQueue<Credit> credits_;           // the peer's receives, not yet taken
   std::map<uint64_t, bool> in_send_;    // taken credits: withdrawn meanwhile?
   std::map<uint64_t, Outgoing> sends_;  // posted sends, until their wait ends
   std::deque<uint64_t> queued_sends_;   // posted sends waiting for a credit, oldest first
