@@ -53,6 +53,7 @@
 #include "common/socket.h"
 #include "common/wire.h"
 #include "core/notifications.h"
+#include "core/numbered_slots.h"
 #include "core/shm_channel.h"
 #include "rdmabuf/endpoint.h"
 #include "rdmabuf/manager.h"
@@ -529,7 +530,7 @@ class EndpointImpl {
         return std::variant<Status, uint64_t>(send_in_frames(credit, message));
       }
       id = next_send_++;
-      Outgoing& out = sends_[id];
+      Outgoing& out = sends_.add(id);
       out.message = message;
       out.write_timeout = write_timeout;
       queued_sends_.push_back(id);
@@ -542,9 +543,9 @@ class EndpointImpl {
   Status wait_send(uint64_t id, std::chrono::milliseconds timeout) {
     WaitDeadline deadline(timeout);
     FutexLock lock(mu_);
-    auto it = sends_.find(id);
-    if (it == sends_.end()) return FailedPrecondition("this send was waited for already");
-    Outgoing& out = it->second;  // map nodes stay put; only this call erases it
+    Outgoing* found = sends_.find(id);
+    if (found == nullptr) return FailedPrecondition("this send was waited for already");
+    Outgoing& out = *found;  // stays put; only this call erases it
     while (out.stage != Stage::kDone) {
       if (!broken_.ok() || Clock::now() >= deadline.get()) {
         cut_short(lock, id, out);  // (progress_sends does nothing once broken)
@@ -560,7 +561,7 @@ class EndpointImpl {
             [&] { return out.stage == Stage::kDone || !broken_.ok() || send_work_ready(); });
     }
     Status status = std::move(out.status);
-    sends_.erase(it);
+    sends_.erase(id);
     return status;
   }
 
@@ -831,7 +832,7 @@ class EndpointImpl {
       if (!queued_sends_.empty() && !credits_.empty()) {
         const uint64_t id = queued_sends_.front();
         queued_sends_.pop_front();
-        Outgoing& out = sends_.at(id);
+        Outgoing& out = *sends_.find(id);  // queued: its wait has not ended
         out.credit = credits_.take_front();
         if (out.message.size() <= stream_limit_ || out.message.size() > out.credit.capacity) {
           out.stage = Stage::kBusy;
@@ -852,9 +853,9 @@ class EndpointImpl {
       if (send_events_.empty()) return;
       const uint64_t id = send_events_.front();
       send_events_.pop_front();
-      auto it = sends_.find(id);
-      if (it == sends_.end()) continue;
-      Outgoing& out = it->second;
+      Outgoing* found = sends_.find(id);
+      if (found == nullptr) continue;
+      Outgoing& out = *found;
       if (out.stage == Stage::kAskingHandle) {
         take_handle(lock, id, out);
       } else if (out.stage == Stage::kWriting && out.write_done) {
@@ -944,9 +945,9 @@ class EndpointImpl {
     bool reading;
     {
       std::lock_guard lock(mu_);
-      auto it = sends_.find(id);
-      if (it == sends_.end()) return;
-      it->second.write_done = true;
+      Outgoing* out = sends_.find(id);
+      if (out == nullptr) return;
+      out->write_done = true;
       send_events_.push_back(id);
       reading = reading_;
     }
@@ -1044,11 +1045,11 @@ class EndpointImpl {
   void cancel_writes() {
     std::vector<std::pair<Outgoing*, Transfer>> writes;
     FutexLock lock(mu_);
-    for (auto& [id, out] : sends_) {
-      if (out.stage != Stage::kWriting) continue;
+    sends_.for_each([&writes](uint64_t, Outgoing& out) {
+      if (out.stage != Stage::kWriting) return;
       out.stage = Stage::kBusy;
       writes.emplace_back(&out, std::move(out.write));
-    }
+    });
     lock.unlock();
     for (auto& [out, write] : writes)
       write.cancel();
@@ -1083,65 +1084,6 @@ class EndpointImpl {
       abandoned = withdrawn = answered = false;
       size = parts_size = parts_came = 0;
     }
-  };
-  // Our posted receives by sequence number. Numbers are handed out in
-  // order and receives mostly end in order, so: a ring of slots from the
-  // oldest still held, indexed by the number's low bits; one that ends
-  // early is marked, and dropped once it reaches the front. A Receive stays
-  // put until it is erased (slots are allocated one by one, and only their
-  // pointers move when the ring grows). A slot stays in the ring for the
-  // next number that lands on it, so a steady stream of receives allocates
-  // nothing.
-  class ReceiveQueue {
-   public:
-    // Adds the receive `seq`, the next number after the last one added.
-    Receive& add(uint64_t seq) {
-      if (span_ == 0) first_ = seq;
-      if (span_ == slots_.size()) [[unlikely]]
-        grow();
-      std::unique_ptr<Slot>& slot = slots_[seq & (slots_.size() - 1)];
-      if (!slot) slot = std::make_unique<Slot>();
-      slot->held = true;
-      ++span_;
-      return slot->receive;
-    }
-    Receive* find(uint64_t seq) {
-      if (seq < first_ || seq - first_ >= span_) return nullptr;
-      Slot& slot = *slots_[seq & (slots_.size() - 1)];
-      return slot.held ? &slot.receive : nullptr;
-    }
-    // Ends receive `seq`, which find() gave.
-    void erase(uint64_t seq) {
-      const size_t mask = slots_.size() - 1;
-      Slot& slot = *slots_[seq & mask];
-      slot.held = false;
-      slot.receive.reset();  // lets go of its memory now
-      while (span_ > 0 && !slots_[first_ & mask]->held) {
-        ++first_;
-        --span_;
-      }
-    }
-
-   private:
-    struct Slot {
-      Receive receive;
-      bool held = false;
-    };
-    // Doubles the ring (full: every slot is between first_ and
-    // first_ + span_), moving each slot to the index of its number in the new one.
-    [[gnu::noinline]] void grow() {
-      std::vector<std::unique_ptr<Slot>> bigger(std::max<size_t>(16, 2 * slots_.size()));
-      for (uint64_t seq = first_; seq < first_ + span_; ++seq) {
-        bigger[seq & (bigger.size() - 1)] = std::move(slots_[seq & (slots_.size() - 1)]);
-      }
-      slots_ = std::move(bigger);
-    }
-
-    std::vector<std::unique_ptr<Slot>> slots_;  // a power of two of them (or none)
-    uint64_t first_ = 0;                        // the number of the oldest slot in use
-    // The numbers from first_ on that the ring holds, those that ended early
-    // included.
-    size_t span_ = 0;
   };
   // Memory this side lent to the peer.
   struct Lent {
@@ -2357,14 +2299,14 @@ class EndpointImpl {
   // deep it is in writing them (see read_while_blocked).
   std::vector<uint8_t> held_replies_;
   int reply_depth_ = 0;
-  std::deque<Notification> notes_;      // for the endpoint's thread to deliver
-  RingQueue<Credit> credits_;           // the peer's receives, not yet taken
-  std::map<uint64_t, bool> in_send_;    // taken credits: withdrawn meanwhile?
-  std::map<uint64_t, Outgoing> sends_;  // posted sends, until their wait ends
-  std::deque<uint64_t> queued_sends_;   // posted sends waiting for a credit, oldest first
-  std::deque<uint64_t> send_events_;    // sends whose handle came or whose write finished
+  std::deque<Notification> notes_;     // for the endpoint's thread to deliver
+  RingQueue<Credit> credits_;          // the peer's receives, not yet taken
+  std::map<uint64_t, bool> in_send_;   // taken credits: withdrawn meanwhile?
+  NumberedSlots<Outgoing> sends_;      // posted sends by id, until their wait ends
+  std::deque<uint64_t> queued_sends_;  // posted sends waiting for a credit, oldest first
+  std::deque<uint64_t> send_events_;   // sends whose handle came or whose write finished
   uint64_t next_send_ = 0;
-  ReceiveQueue waiting_;  // our posted receives
+  NumberedSlots<Receive> waiting_;  // our posted receives, by sequence number
   uint64_t next_seq_ = 0;
   std::map<uint64_t, Reply> replies_;  // our requests waiting for an answer
   uint64_t next_request_ = 0;
