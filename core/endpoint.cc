@@ -770,6 +770,20 @@ class EndpointImpl {
     Transfer write;           // kWriting
     bool write_done = false;  // kWriting: the write finished (its on_done ran)
     Status status;            // kDone
+
+    // As a new one, touching only what may be set (as Receive::reset):
+    // an assignment from Outgoing() would zero its every byte first.
+    void reset() {
+      message = LocalMemory();
+      write_timeout = std::chrono::milliseconds(0);
+      stage = Stage::kQueued;
+      credit.seq = credit.capacity = 0;
+      if (credit.buffer.valid()) credit.buffer = RemoteBuffer();
+      request = 0;
+      write = Transfer();  // moved out by whoever ran it, but for a cut short one
+      write_done = false;
+      if (!status.ok()) status = Status();
+    }
   };
 
   // Whether the frames the sender writes answer the oldest credit with
