@@ -1,7 +1,9 @@
 #include "core/shm_channel.h"
 
 #include <fcntl.h>
+#include <linux/membarrier.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +37,27 @@ std::atomic_ref<T> shared(T& field) {
   return std::atomic_ref<T>(field);
 }
 
+long membarrier(int command) {
+  return ::syscall(__NR_membarrier, command, 0u, 0);
+}
+
+// Registers this process for MEMBARRIER_CMD_GLOBAL_EXPEDITED (see
+// request_doorbell() in the header): whether it is, once per process (a
+// child of fork() registers again: the registration belongs to the
+// address space).
+bool register_for_asymmetric_fences() {
+  static std::atomic<pid_t> registered{0};
+  const pid_t self = ::getpid();
+  if (registered.load(std::memory_order_acquire) == self) return true;
+  constexpr long kNeeded =
+      MEMBARRIER_CMD_GLOBAL_EXPEDITED | MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED;
+  const long offered = membarrier(MEMBARRIER_CMD_QUERY);
+  if (offered < 0 || (offered & kNeeded) != kNeeded) return false;
+  if (membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) != 0) return false;
+  registered.store(self, std::memory_order_release);
+  return true;
+}
+
 }  // namespace
 
 ShmChannel::ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring)
@@ -46,7 +69,12 @@ ShmChannel::ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring)
                 static_cast<size_t>(writes_ring) * kRingBytes),
       in_control_(&layout().rings[1 - writes_ring]),
       in_data_(static_cast<uint8_t*>(base) + kDataOffset +
-               static_cast<size_t>(1 - writes_ring) * kRingBytes) {}
+               static_cast<size_t>(1 - writes_ring) * kRingBytes),
+      asymmetric_fences_(register_for_asymmetric_fences()) {}
+
+void ShmChannel::announce_reader_fences() {
+  if (asymmetric_fences_) shared(in_control_->reader_fences).store(1, std::memory_order_release);
+}
 
 Status ShmChannel::corrupted() {
   return ProtocolError("the peer corrupted the endpoint's shared ring");
@@ -78,6 +106,7 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::create() {
   // each way ring.
   l.rings[0].doorbell = 1;
   l.rings[1].doorbell = 1;
+  channel->announce_reader_fences();
   shared(l.magic).store(kChannelMagic, std::memory_order_release);
   return channel;
 }
@@ -114,6 +143,7 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {
       l.ring_bytes != kRingBytes) {
     return FailedPrecondition(path + " is not the shared rings the peer offered");
   }
+  channel->announce_reader_fences();
   return channel;
 }
 
@@ -187,9 +217,16 @@ Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
 
 [[gnu::always_inline]] inline void ShmChannel::publish(size_t size) {
   out_tail_ += size;
-  // seq_cst, with doorbell_requested()'s load: a reader that asked for a
-  // doorbell before this store is seen; one that asks after sees the bytes.
-  shared(out_control_->tail).store(out_tail_, std::memory_order_seq_cst);
+  // A reader that asked for a doorbell before this store is seen by
+  // doorbell_requested()'s load; one that asks after sees the bytes. Either
+  // this store is seq_cst, or the reader's membarrier fences this thread
+  // (the header says why); then only the compiler must keep the order.
+  if (writes_without_fence()) {
+    shared(out_control_->tail).store(out_tail_, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    shared(out_control_->tail).store(out_tail_, std::memory_order_seq_cst);
+  }
 }
 
 Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
@@ -211,6 +248,9 @@ Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
 bool ShmChannel::request_doorbell() {
   RingControl& ring = *in_control_;
   shared(ring.doorbell).store(1, std::memory_order_seq_cst);
+  // The fence for the writer, which may have skipped its own. Should it
+  // ever fail, the reader must not sleep: false, as if bytes had come.
+  if (asymmetric_fences_ && membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0) return false;
   return shared(ring.tail).load(std::memory_order_seq_cst) == in_head_;
 }
 

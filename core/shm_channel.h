@@ -107,8 +107,27 @@ class ShmChannel {
   // the writer takes it, so that every reader of this side that sleeps is
   // woken. A writer calls doorbell_requested() after each write_some: true
   // once per request, and then it sends a doorbell.
+  //
+  // The request and the write race (a reader stores its request, then
+  // loads the tail; a writer stores the tail, then loads the request), so
+  // one of the two needs a full fence between its store and its load. The
+  // writer writes on every message and the reader asks only before it
+  // sleeps, so where the kernel offers membarrier(2)'s
+  // MEMBARRIER_CMD_GLOBAL_EXPEDITED, the reader pays for both: it makes
+  // every running thread of the writer's process pass a fence, and the
+  // writer publishes with a plain store (a locked instruction less per
+  // write, which stalls until the write's cache lines are its own). Each
+  // side says in the file whether it reads that way; where either side
+  // cannot, the writer fences as before.
   bool request_doorbell();
   bool doorbell_requested();
+  // Whether this side's writes skip the fence (see above): both processes
+  // registered with membarrier and the peer's reader said so.
+  bool writes_without_fence() const {
+    return asymmetric_fences_ &&
+           std::atomic_ref<uint32_t>(out_control_->reader_fences).load(std::memory_order_relaxed) !=
+               0;
+  }
 
   // Each ring's capacity in bytes.
   static constexpr size_t ring_bytes() { return kRingBytes; }
@@ -130,10 +149,18 @@ class ShmChannel {
     alignas(64) uint64_t tail;
     alignas(64) uint64_t head;
     alignas(64) uint32_t doorbell;
+    // Set once by the reader when it fences for the writer before it
+    // sleeps (membarrier), read by the writer at each publish. Beside the
+    // doorbell, which the writer loads then anyway.
+    uint32_t reader_fences;
   };
   [[gnu::cold]] static Status corrupted();
   ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring);
   Layout& layout() const;
+  // Says in the file, before this side's reader first asks for a doorbell,
+  // that it fences for the peer's writer (when it does): the peer's writes
+  // may skip their fence from the moment it sees this.
+  void announce_reader_fences();
   // The outgoing ring's free bytes, loading the reader's head only when
   // fewer than `wanted` were free when last loaded.
   Result<size_t> room_for(size_t wanted);
@@ -156,6 +183,10 @@ class ShmChannel {
   // much room, so the writer loads the peer's line only when that is not
   // enough (a cache line less to move per frame).
   uint64_t out_head_ = 0;
+  // This process is registered for membarrier's global expedited fences:
+  // its writes may skip the fence when the peer's reader fences for them,
+  // and its reader fences for the peer's writes before it sleeps.
+  bool asymmetric_fences_ = false;
 };
 
 }  // namespace rdmabuf
