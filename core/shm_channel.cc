@@ -42,9 +42,9 @@ long membarrier(int command) {
 }
 
 // Registers this process for MEMBARRIER_CMD_GLOBAL_EXPEDITED (see
-// request_doorbell() in the header): whether it is, once per process (a
-// child of fork() registers again: the registration belongs to the
-// address space).
+// request_doorbell() in the header): whether it is. Once per process: a
+// child of fork() asks again, which costs nothing if it kept its parent's
+// registration and matters if it did not.
 bool register_for_asymmetric_fences() {
   static std::atomic<pid_t> registered{0};
   const pid_t self = ::getpid();
