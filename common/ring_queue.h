@@ -1,12 +1,12 @@
 // RingQueue<T>: a first-in first-out queue in a ring of slots whose count is
-// a power of two, doubled when full. push_back, front and pop_front are an
+// a power of two, doubled when full. push_back, front and take_front are an
 // index and a move each, where std::deque's cost tens of instructions of
 // block bookkeeping; the endpoint's message path takes one of each per
 // message (its queue of the peer's credits).
 //
-// A popped or erased slot is assigned T{} at once, so that what it held
-// (references to memory, handles) is let go then, not when the slot is
-// used again; take_front() moves it out instead. Not thread-safe: its
+// take_front() moves the oldest element out; an erased slot is assigned
+// T{} at once. Either way what it held (references to memory, handles) is
+// let go then, not when the slot is used again. Not thread-safe: its
 // owner's lock guards it.
 #pragma once
 
@@ -23,8 +23,8 @@ class RingQueue {
   bool empty() const { return size_ == 0; }
   size_t size() const { return size_; }
   // The oldest element (not empty()).
-  T& front() { return at(0); }
-  const T& front() const { return slots_[head_ & (slots_.size() - 1)]; }
+  T& front() { return slots_[index(0)]; }
+  const T& front() const { return slots_[index(0)]; }
   void push_back(T&& value) {
     if (size_ == slots_.size()) [[unlikely]]
       grow();
@@ -38,12 +38,6 @@ class RingQueue {
     ++head_;
     --size_;
     return oldest;
-  }
-  // Drops the oldest element (not empty()).
-  void pop_front() {
-    at(0) = T{};
-    ++head_;
-    --size_;
   }
   // Removes the oldest element for which `pred` holds, keeping the order of
   // the others: whether there was one. Linear: for the rare removal from
@@ -64,7 +58,8 @@ class RingQueue {
  private:
   // The `i`th element from the oldest. head_ only grows: its wrap at 2^64
   // keeps the index right, since the slot count divides 2^64.
-  T& at(size_t i) { return slots_[(head_ + i) & (slots_.size() - 1)]; }
+  size_t index(size_t i) const { return (head_ + i) & (slots_.size() - 1); }
+  T& at(size_t i) { return slots_[index(i)]; }
   [[gnu::noinline]] void grow() {
     std::vector<T> bigger(std::max<size_t>(16, 2 * slots_.size()));
     for (size_t i = 0; i < size_; ++i)

@@ -8,9 +8,9 @@
 // so a steady stream of records allocates nothing, where a std::map
 // allocates and rebalances a node for each.
 //
-// Erasing resets the record: T::reset() where T has one (to touch only
-// what is set), else an assignment from T{}. Not thread-safe: its owner's
-// lock guards it.
+// Erasing calls the record's reset(), which makes it as new and lets go of
+// what it held (touching only what is set: an assignment from T{} would
+// store every byte). Not thread-safe: its owner's lock guards it.
 #pragma once
 
 #include <algorithm>
@@ -48,11 +48,7 @@ class NumberedSlots {
     const size_t mask = slots_.size() - 1;
     Slot& slot = *slots_[number & mask];
     slot.held = false;
-    if constexpr (requires(T & v) { v.reset(); }) {
-      slot.value.reset();  // lets go of what it held now
-    } else {
-      slot.value = T{};
-    }
+    slot.value.reset();  // lets go of what it held now
     while (span_ > 0 && !slots_[first_ & mask]->held) {
       ++first_;
       --span_;

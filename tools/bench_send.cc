@@ -184,10 +184,11 @@ int cmd_bench_send(int argc, char** argv) {
 
   const std::string system = "rdmabuf " + backend;
   const std::string ucx = backend == "tcp" ? "UCX tcp" : "UCX shm";
+  Progress progress(o.rounds * static_cast<int>(o.latency_sizes.size() + o.sizes.size()) *
+                    (run_ucx ? 2 : 1));
   // UCX's figure of `test` at `size`, when it runs here: none when it
   // does not, or failed (said on stderr; the round goes on without it).
-  auto run_peer = [&](Progress& progress, const char* test, uint64_t size,
-                      int iterations) -> std::optional<UcxFigure> {
+  auto run_peer = [&](const char* test, uint64_t size, int iterations) -> std::optional<UcxFigure> {
     if (!run_ucx) return std::nullopt;
     progress.step(std::string("ucx_perftest ") + test + " " + format_bytes(size));
     auto u = run_ucx_perftest(test, size, iterations, ucx_tls);
@@ -199,7 +200,7 @@ int cmd_bench_send(int argc, char** argv) {
     return *u;
   };
   // One round: every size by rdmabuf, each followed at once by UCX's.
-  auto run_round = [&](Progress& progress, std::vector<Figure>& out) -> Status {
+  auto run_round = [&](std::vector<Figure>& out) -> Status {
     for (uint64_t size : o.latency_sizes) {
       progress.step("latency: " + format_bytes(size));
       RDMABUF_ASSIGN_OR_RETURN(std::vector<double> trips,
@@ -209,7 +210,7 @@ int cmd_bench_send(int argc, char** argv) {
       f.p50_us = percentile(trips, 50);
       f.p99_us = percentile(trips, 99);
       out.push_back(f);
-      auto u = run_peer(progress, "tag_lat", size, kWarmupTrips);
+      auto u = run_peer("tag_lat", size, kWarmupTrips);
       if (!u) continue;
       Figure g = Figure::of(ucx, "latency", "send", size);
       g.p50_us = u->p50_us;
@@ -228,7 +229,7 @@ int cmd_bench_send(int argc, char** argv) {
       f.note = "frames: " + endpoint.channel();
       f.gbps = percentile(gbps, 50);
       out.push_back(f);
-      auto u = run_peer(progress, "tag_bw", size, count);
+      auto u = run_peer("tag_bw", size, count);
       if (!u) continue;
       Figure g = Figure::of(ucx, "bandwidth", "send", size);
       g.gbps = u->gbps;
@@ -238,20 +239,18 @@ int cmd_bench_send(int argc, char** argv) {
   };
 
   const std::map<std::string, std::vector<std::string>> peers = {{backend, {ucx}}};
-  Progress progress(o.rounds * static_cast<int>(o.latency_sizes.size() + o.sizes.size()) *
-                    (run_ucx ? 2 : 1));
   std::vector<Figure> runs;
   // The lowest and highest of the rounds' own ratios, by (kind, size).
   std::map<std::pair<std::string, uint64_t>, std::pair<double, double>> round_speedups;
   for (int round = 0; round < o.rounds; ++round) {
     std::vector<Figure> figures;
-    Status st = run_round(progress, figures);
+    Status st = run_round(figures);
     if (!st.ok()) {
       progress.finish();
       return fail(st);
     }
     for (const Comparison& c : compare(figures, peers)) {
-      auto [it, fresh] = round_speedups.try_emplace({c.kind, c.size}, c.speedup, c.speedup);
+      auto it = round_speedups.try_emplace({c.kind, c.size}, c.speedup, c.speedup).first;
       it->second.first = std::min(it->second.first, c.speedup);
       it->second.second = std::max(it->second.second, c.speedup);
     }

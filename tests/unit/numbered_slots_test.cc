@@ -14,17 +14,22 @@
 namespace rdmabuf {
 namespace {
 
+struct Record {
+  std::string text;
+  void reset() { text.clear(); }
+};
+
 TEST(NumberedSlots, FindsWhatIsHeldWhileTheRingWrapsAndGrowsAndEndsOutOfOrder) {
-  NumberedSlots<std::string> slots;
+  NumberedSlots<Record> slots;
   std::set<uint64_t> held;
-  std::map<uint64_t, std::string*> where;  // a record stays put while held
-  uint64_t next = 1000;                    // not 0: the front starts part way round
+  std::map<uint64_t, Record*> where;  // a record stays put while held
+  uint64_t next = 1000;               // not 0: the front starts part way round
   for (int round = 0; round < 300; ++round) {
     for (int i = 0; i < round % 9 + 1; ++i) {
-      std::string& s = slots.add(next);
-      ASSERT_TRUE(s.empty()) << "a slot used before was reset";
-      s = "record " + std::to_string(next);
-      where[next] = &s;
+      Record& r = slots.add(next);
+      ASSERT_TRUE(r.text.empty()) << "a slot used before was reset";
+      r.text = "record " + std::to_string(next);
+      where[next] = &r;
       held.insert(next++);
     }
     // End some: the oldest, the newest, and one from the middle.
@@ -37,18 +42,18 @@ TEST(NumberedSlots, FindsWhatIsHeldWhileTheRingWrapsAndGrowsAndEndsOutOfOrder) {
       held.erase(it);
     }
     for (uint64_t n = next - std::min<uint64_t>(next, 200); n < next + 3; ++n) {
-      std::string* found = slots.find(n);
+      Record* found = slots.find(n);
       if (held.count(n) == 0) {
         ASSERT_EQ(found, nullptr) << "number " << n << " is not held";
       } else {
         ASSERT_EQ(found, where[n]) << "number " << n << " moved";
-        ASSERT_EQ(*found, "record " + std::to_string(n));
+        ASSERT_EQ(found->text, "record " + std::to_string(n));
       }
     }
   }
   std::vector<uint64_t> seen;
-  slots.for_each([&](uint64_t n, std::string& s) {
-    EXPECT_EQ(s, "record " + std::to_string(n));
+  slots.for_each([&](uint64_t n, Record& r) {
+    EXPECT_EQ(r.text, "record " + std::to_string(n));
     seen.push_back(n);
   });
   EXPECT_EQ(seen, std::vector<uint64_t>(held.begin(), held.end())) << "oldest first";

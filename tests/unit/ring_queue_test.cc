@@ -23,14 +23,14 @@ TEST(RingQueue, KeepsOrderWhileItWrapsAndGrows) {
     }
     for (int i = 0; i < round % 5 && !expected.empty(); ++i) {
       ASSERT_EQ(queue.front(), expected.front()) << "round " << round;
-      queue.pop_front();
+      queue.take_front();
       expected.pop_front();
     }
     ASSERT_EQ(queue.size(), expected.size());
   }
   while (!expected.empty()) {
     ASSERT_EQ(queue.front(), expected.front());
-    queue.pop_front();
+    queue.take_front();
     expected.pop_front();
   }
   EXPECT_TRUE(queue.empty());
@@ -41,7 +41,7 @@ TEST(RingQueue, ErasesTheFirstMatchAndKeepsTheOthersInOrder) {
   for (int i = 0; i < 10; ++i)
     queue.push_back(int{i});
   for (int i = 0; i < 4; ++i)
-    queue.pop_front();  // 4..9 left, the front part way round
+    queue.take_front();  // 4..9 left, the front part way round
   for (int i = 10; i < 20; ++i)
     queue.push_back(int{i});                                         // wraps
   EXPECT_TRUE(queue.erase_first_if([](int v) { return v == 4; }));   // the front
@@ -52,19 +52,19 @@ TEST(RingQueue, ErasesTheFirstMatchAndKeepsTheOthersInOrder) {
   std::vector<int> left;
   while (!queue.empty()) {
     left.push_back(queue.front());
-    queue.pop_front();
+    queue.take_front();
   }
   EXPECT_EQ(left, (std::vector<int>{6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18}));
 }
 
-TEST(RingQueue, APoppedTakenOrErasedSlotLetsGoOfWhatItHeldAtOnce) {
+TEST(RingQueue, ATakenOrErasedSlotLetsGoOfWhatItHeldAtOnce) {
   auto held = std::make_shared<int>(7);
   RingQueue<std::shared_ptr<int>> queue;
   queue.push_back(std::shared_ptr<int>(held));
   queue.push_back(std::shared_ptr<int>(held));
   queue.push_back(std::shared_ptr<int>(held));
   EXPECT_EQ(held.use_count(), 4);
-  queue.pop_front();
+  queue.take_front();
   EXPECT_EQ(held.use_count(), 3);
   {
     std::shared_ptr<int> taken = queue.take_front();
@@ -75,7 +75,7 @@ TEST(RingQueue, APoppedTakenOrErasedSlotLetsGoOfWhatItHeldAtOnce) {
   EXPECT_EQ(held.use_count(), 3);
   EXPECT_TRUE(queue.erase_first_if([](const std::shared_ptr<int>& p) { return p != nullptr; }));
   EXPECT_EQ(held.use_count(), 2) << "the slot the last element moved out of still held it";
-  queue.pop_front();
+  queue.take_front();
   EXPECT_EQ(held.use_count(), 1);
   EXPECT_TRUE(queue.empty());
 }
