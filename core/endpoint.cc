@@ -73,10 +73,12 @@ constexpr uint64_t kPartBytes = kMaxPayload - 2 * sizeof(uint64_t);
 // frames go out between these, so a long message delays them little.
 constexpr int kPartsPerWrite = 8;
 // Messages up to this size travel in parts through the shared-memory
-// channel rather than by a one-sided write: two copies, but on two cores
-// at once, with no system call and no pinning of pages (see
-// docs/performance.md, "Messages over endpoints").
-constexpr uint64_t kShmStreamLimit = uint64_t{1} << 62;
+// channel; larger ones by a one-sided write (process_vm_writev on one
+// host). Through the rings a 64 KiB message has the lower latency (two
+// copies, on two cores at once, no system call); from 128 KiB on the
+// write's single copy carried 1.4-2.4 times the rings' bandwidth, at the
+// same or a lower latency (docs/performance.md, "Messages over endpoints").
+constexpr uint64_t kShmStreamLimit = 64 * 1024;
 // Over a TCP channel, messages up to this size travel in parts when a
 // one-sided write would go over TCP anyway (no RDMA backend here): one
 // trip on one connection, rather than a write, its reply and a kSent.
