@@ -72,6 +72,11 @@ constexpr uint64_t kPartBytes = kMaxPayload - 2 * sizeof(uint64_t);
 // Parts written at once (one hold of the write lock, one send): other
 // frames go out between these, so a long message delays them little.
 constexpr int kPartsPerWrite = 8;
+// Through the shared-memory rings each part is published as soon as it is
+// written, so that the reader copies one part out while the writer copies
+// the next in: a 64 KiB message's one-way time fell from 7.9 to 6.3 us
+// (two parts at a time: 6.1 us, but 5% less bandwidth; eight: 7.9 us).
+constexpr int kRingPartsPerWrite = 1;
 // Messages up to this size travel in parts through the shared-memory
 // channel; larger ones by a one-sided write (process_vm_writev on one
 // host). Through the rings a 64 KiB message has the lower latency (two
@@ -801,7 +806,8 @@ class EndpointImpl {
 
   // Answers `credit` with frames: kTooLarge when `message` does not fit;
   // else the message itself, in one kSentInline frame when small, or in
-  // kSentPart frames, kPartsPerWrite at a time.
+  // kSentPart frames, kPartsPerWrite at a time (kRingPartsPerWrite through
+  // the shared-memory rings).
   Status send_in_frames(const Credit& credit, const LocalMemory& message) {
     const uint64_t size = message.size();
     if (size > credit.capacity) {
@@ -817,14 +823,15 @@ class EndpointImpl {
       inline_message.u64(credit.seq);
       return write_frame(inline_message, {bytes, size});
     }
+    const int parts_per_write = shm_ ? kRingPartsPerWrite : kPartsPerWrite;
     std::vector<uint8_t> heads;  // each part's header and fields, back to back
     std::vector<std::span<const uint8_t>> pieces;
     for (uint64_t at = 0; at < size;) {
       heads.clear();
       pieces.clear();
       // Reserved up front: `pieces` points into `heads`.
-      heads.reserve(kPartsPerWrite * (kHeaderSize + 2 * sizeof(uint64_t)));
-      for (int i = 0; i < kPartsPerWrite && at < size; ++i) {
+      heads.reserve(parts_per_write * (kHeaderSize + 2 * sizeof(uint64_t)));
+      for (int i = 0; i < parts_per_write && at < size; ++i) {
         const uint64_t n = std::min(kPartBytes, size - at);
         FrameBuilder part(Frame::kSentPart);
         part.u64(credit.seq).u64(size);
