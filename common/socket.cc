@@ -149,9 +149,50 @@ Status set_nonblocking(int fd, bool on) {
   return Status::Ok();
 }
 
+namespace {
+
+// Whether connected `fd`'s two ends are on this host: both have one
+// address (its own, or loopback), or both are loopback.
+bool within_this_host(int fd) {
+  sockaddr_storage local{};
+  sockaddr_storage peer{};
+  socklen_t local_size = sizeof local;
+  socklen_t peer_size = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0 ||
+      local.ss_family != peer.ss_family) {
+    return false;
+  }
+  if (local.ss_family == AF_INET) {
+    sockaddr_in a;
+    sockaddr_in b;
+    std::memcpy(&a, &local, sizeof a);
+    std::memcpy(&b, &peer, sizeof b);
+    const auto loopback = [](const sockaddr_in& x) {
+      return (ntohl(x.sin_addr.s_addr) >> 24) == 127;
+    };
+    return a.sin_addr.s_addr == b.sin_addr.s_addr || (loopback(a) && loopback(b));
+  }
+  if (local.ss_family == AF_INET6) {
+    sockaddr_in6 a;
+    sockaddr_in6 b;
+    std::memcpy(&a, &local, sizeof a);
+    std::memcpy(&b, &peer, sizeof b);
+    return std::memcmp(&a.sin6_addr, &b.sin6_addr, sizeof a.sin6_addr) == 0;
+  }
+  return false;
+}
+
+}  // namespace
+
 void tune_data_socket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (within_this_host(fd)) {
+    const int bytes = kSameHostSocketBuffer;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+  }
   set_nonblocking(fd, true).ignore();
 }
 

@@ -51,6 +51,24 @@ TEST(SocketTest, ListenConnectAndLocalAddress) {
   EXPECT_EQ(again.status().code(), StatusCode::kUnavailable);
 }
 
+// Both ends of a loopback connection get cache-sized buffers, not the
+// kernel's autotuned ones (tune_data_socket; connect_tcp tunes the client).
+// The kernel reports twice what was set: its bookkeeping's share.
+TEST(SocketTest, ConnectionsWithinThisHostGetCacheSizedBuffers) {
+  TcpPair pair = connected_pair();
+  tune_data_socket(pair.server.get());
+  for (int fd : {pair.client.get(), pair.server.get()}) {
+    for (int option : {SO_SNDBUF, SO_RCVBUF}) {
+      int bytes = 0;
+      socklen_t size = sizeof bytes;
+      ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, option, &bytes, &size), 0);
+      EXPECT_EQ(bytes, 2 * kSameHostSocketBuffer)
+          << (fd == pair.client.get() ? "client " : "server ")
+          << (option == SO_SNDBUF ? "send" : "receive") << " buffer";
+    }
+  }
+}
+
 TEST(SocketTest, SendAndReceiveExactly) {
   TcpPair p = connected_pair();
   std::vector<uint8_t> out(3 << 20), in(3 << 20);
