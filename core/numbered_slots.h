@@ -54,6 +54,7 @@ class NumberedSlots {
       --span_;
     }
   }
+  bool empty() const { return span_ == 0; }
   // Calls fn(number, record) for each record held, oldest first.
   template <typename Fn>
   void for_each(Fn fn) {

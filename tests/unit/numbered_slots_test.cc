@@ -41,6 +41,7 @@ TEST(NumberedSlots, FindsWhatIsHeldWhileTheRingWrapsAndGrowsAndEndsOutOfOrder) {
       where.erase(*it);
       held.erase(it);
     }
+    ASSERT_EQ(slots.empty(), held.empty());
     for (uint64_t n = next - std::min<uint64_t>(next, 200); n < next + 3; ++n) {
       Record* found = slots.find(n);
       if (held.count(n) == 0) {
@@ -57,6 +58,9 @@ TEST(NumberedSlots, FindsWhatIsHeldWhileTheRingWrapsAndGrowsAndEndsOutOfOrder) {
     seen.push_back(n);
   });
   EXPECT_EQ(seen, std::vector<uint64_t>(held.begin(), held.end())) << "oldest first";
+  for (uint64_t n : held)
+    slots.erase(n);
+  EXPECT_TRUE(slots.empty()) << "every record ended";
 }
 
 struct WithReset {
