@@ -1167,6 +1167,53 @@ TEST_P(ConformanceTest, EndpointPostedSendsFromOneThreadLandInTheOrderPosted) {
       << "a send is waited for once";
 }
 
+// Small sends posted before any receive wait for credits; once many
+// receives are posted at once, the waiting messages go out together (one
+// write for several), and each still lands in its own receive, in order,
+// with its own outcome: one too large for its receive fails both sides
+// while those around it land.
+TEST_P(ConformanceTest, EndpointQueuedSmallSendsGoTogetherEachWithItsOwnOutcome) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  constexpr size_t kCount = 40;
+  constexpr size_t kOversize = 17;
+  std::vector<LocalMemory> messages;
+  std::vector<PendingSend> sending;
+  for (size_t i = 0; i < kCount; ++i) {
+    messages.push_back(with_pattern(i == kOversize ? 3000 : 1 + i * 97, 500 + i));
+    auto posted = sender->post_send(messages.back());
+    ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+    sending.push_back(std::move(posted).value());
+  }
+  std::vector<LocalMemory> into;
+  std::vector<PendingReceive> receiving;
+  for (size_t i = 0; i < kCount; ++i) {
+    into.push_back(with_sentinel(i == kOversize ? 100 : 4096));
+    auto posted = receiver->post_receive(into.back());
+    ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+    receiving.push_back(std::move(posted).value());
+  }
+  for (size_t i = 0; i < kCount; ++i) {
+    SCOPED_TRACE("message " + std::to_string(i));
+    auto size = receiving[i].wait(kTimeout);
+    if (i == kOversize) {
+      EXPECT_EQ(size.status().code(), StatusCode::kInvalidArgument) << size.status().to_string();
+      EXPECT_EQ(find_not(into[i].span(), kSentinel), std::nullopt) << "an oversize message landed";
+      continue;
+    }
+    ASSERT_TRUE(size.ok()) << size.status().to_string();
+    ASSERT_EQ(*size, messages[i].size());
+    EXPECT_EQ(find_mismatch(into[i].span().first(*size), 500 + i), std::nullopt);
+    EXPECT_EQ(find_not(into[i].span().subspan(*size), kSentinel), std::nullopt)
+        << "bytes past the message";
+  }
+  for (size_t i = 0; i < kCount; ++i) {
+    Status st = sending[i].wait(kTimeout);
+    EXPECT_EQ(st.code(), i == kOversize ? StatusCode::kInvalidArgument : StatusCode::kOk)
+        << "send " << i << ": " << st.to_string();
+  }
+}
+
 // Both sides stream windows of messages at each other at once, each with a
 // thread that keeps receives posted: the control channel fills both ways
 // (through shared memory the rings, each 512 KiB, hold a fraction of what
