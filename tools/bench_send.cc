@@ -3,7 +3,8 @@
 // transport, in the same run.
 //
 // Method: the peer is `rdmabuf serve --endpoint` in another process, with
-// the same single backend. Latency is a ping-pong of one message (the
+// the same single backend, reached by two endpoints: one for latency, one
+// for bandwidth. Latency is a ping-pong of one message (the
 // receive for the echo posted before the send), reported
 // as half the round trip (as tag_lat reports it): the median and p99 of at
 // least 1000 after a warm-up as long as ucx_perftest's (10000 round trips,
@@ -178,9 +179,17 @@ int cmd_bench_send(int argc, char** argv) {
     if (!text.ok()) return fail(text.status().with_context("the peer process did not start"));
     if (text->rfind("endpoint ", 0) == 0) address = text->substr(9);
   }
-  auto connected = (*manager)->connect(address, kTimeout);
-  if (!connected.ok()) return fail(connected.status().with_context("connecting to the peer"));
-  Endpoint& endpoint = **connected;
+  // Two endpoints: the peer's receives on each share one buffer, and it
+  // echoes a message whose first byte (there) is 'E'. On one endpoint, a
+  // ping sent right after a bandwidth run could land over a message the
+  // peer had not looked at yet, which it would then echo.
+  auto for_latency = (*manager)->connect(address, kTimeout);
+  if (!for_latency.ok()) return fail(for_latency.status().with_context("connecting to the peer"));
+  auto for_bandwidth = (*manager)->connect(address, kTimeout);
+  if (!for_bandwidth.ok())
+    return fail(for_bandwidth.status().with_context("connecting to the peer"));
+  Endpoint& endpoint = **for_latency;
+  Endpoint& sink = **for_bandwidth;
 
   const std::string system = "rdmabuf " + backend;
   const std::string ucx = backend == "tcp" ? "UCX tcp" : "UCX shm";
@@ -222,11 +231,11 @@ int cmd_bench_send(int argc, char** argv) {
       const int count = static_cast<int>(std::clamp<uint64_t>((256u << 20) / size, 64, 20000));
       std::vector<double> gbps;
       for (int r = 0; r < o.iters + 1; ++r) {
-        RDMABUF_ASSIGN_OR_RETURN(double g, stream(endpoint, size, count, o.window));
+        RDMABUF_ASSIGN_OR_RETURN(double g, stream(sink, size, count, o.window));
         if (r > 0) gbps.push_back(g);  // the first is the warm-up
       }
       Figure f = Figure::of(system, "bandwidth", "send", size);
-      f.note = "frames: " + endpoint.channel();
+      f.note = "frames: " + sink.channel();
       f.gbps = percentile(gbps, 50);
       out.push_back(f);
       auto u = run_peer("tag_bw", size, count);
@@ -259,6 +268,7 @@ int cmd_bench_send(int argc, char** argv) {
   const std::vector<Figure> figures = median_of_runs(runs);
   progress.finish();
   endpoint.close();
+  sink.close();
 
   const auto comparisons = compare(figures, peers);
   if (o.json) {

@@ -31,7 +31,10 @@ constexpr size_t kPosted = 16;
 // of ucx_perftest's tag_bw do: the benchmark compares transports, not how
 // fast the host's memory takes 16 cold buffers. (An echo is sent before its
 // receive is posted again, and the client sends the next message only once
-// the echo came, so no message lands over one not yet echoed.)
+// the echo came, so no message lands over one not yet echoed. A client that
+// also streams messages to drop does so on another endpoint: a ping sent
+// right after a stream could land over a dropped message not yet looked
+// at, and make it look like one to echo.)
 class EndpointServer {
  public:
   EndpointServer(std::unique_ptr<EndpointListener> listener, uint64_t max_message)
