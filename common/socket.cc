@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "common/strings.h"
 
@@ -151,6 +153,38 @@ Status set_nonblocking(int fd, bool on) {
 
 namespace {
 
+// An end's address for within_this_host(): IPv4 (an IPv4-mapped IPv6
+// address as the IPv4 one) or IPv6, and whether it is loopback.
+struct EndAddress {
+  int family = AF_UNSPEC;
+  std::array<uint8_t, 16> bytes{};
+  bool loopback = false;
+};
+
+std::optional<EndAddress> end_address(const sockaddr_storage& ss) {
+  EndAddress end;
+  if (ss.ss_family == AF_INET6) {
+    sockaddr_in6 a;
+    std::memcpy(&a, &ss, sizeof a);
+    if (!IN6_IS_ADDR_V4MAPPED(&a.sin6_addr)) {
+      end.family = AF_INET6;
+      std::memcpy(end.bytes.data(), &a.sin6_addr, sizeof a.sin6_addr);
+      end.loopback = IN6_IS_ADDR_LOOPBACK(&a.sin6_addr);
+      return end;
+    }
+    std::memcpy(end.bytes.data(), a.sin6_addr.s6_addr + 12, 4);  // the IPv4 address
+  } else if (ss.ss_family == AF_INET) {
+    sockaddr_in a;
+    std::memcpy(&a, &ss, sizeof a);
+    std::memcpy(end.bytes.data(), &a.sin_addr, 4);
+  } else {
+    return std::nullopt;
+  }
+  end.family = AF_INET;
+  end.loopback = end.bytes[0] == 127;  // 127.0.0.0/8
+  return end;
+}
+
 // Whether connected `fd`'s two ends are on this host: both have one
 // address (its own, or loopback), or both are loopback.
 bool within_this_host(int fd) {
@@ -159,28 +193,13 @@ bool within_this_host(int fd) {
   socklen_t local_size = sizeof local;
   socklen_t peer_size = sizeof peer;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0 ||
-      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0 ||
-      local.ss_family != peer.ss_family) {
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0) {
     return false;
   }
-  if (local.ss_family == AF_INET) {
-    sockaddr_in a;
-    sockaddr_in b;
-    std::memcpy(&a, &local, sizeof a);
-    std::memcpy(&b, &peer, sizeof b);
-    const auto loopback = [](const sockaddr_in& x) {
-      return (ntohl(x.sin_addr.s_addr) >> 24) == 127;
-    };
-    return a.sin_addr.s_addr == b.sin_addr.s_addr || (loopback(a) && loopback(b));
-  }
-  if (local.ss_family == AF_INET6) {
-    sockaddr_in6 a;
-    sockaddr_in6 b;
-    std::memcpy(&a, &local, sizeof a);
-    std::memcpy(&b, &peer, sizeof b);
-    return std::memcmp(&a.sin6_addr, &b.sin6_addr, sizeof a.sin6_addr) == 0;
-  }
-  return false;
+  const std::optional<EndAddress> a = end_address(local);
+  const std::optional<EndAddress> b = end_address(peer);
+  if (!a || !b || a->family != b->family) return false;
+  return a->bytes == b->bytes || (a->loopback && b->loopback);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 //             buffer), kSentInline (the message itself, when small),
 //             kSentPart (the message itself, in as many frames as it
 //             takes, when the channel is the better way for its size; see
-//             stream_limit_), kTooLarge (it does not fit; both calls fail)
+//             frames_limit()), kTooLarge (it does not fit; both calls fail)
 //             or kNotTaken (nothing was written; after kWithdrawn, the
 //             receiver giving up on a receive whose buffer it released
 //             already).
@@ -907,7 +907,8 @@ class EndpointImpl {
   // credits here reach, up to kMostGathered of them in one write (lock
   // held; let go for the write): over TCP one system call for them all,
   // where a stream of small messages made one each. False when the first
-  // queued message does not go inline.
+  // queued message does not go inline (larger than kInlineLimit, or than
+  // the oldest credit's receive: progress_sends() answers it).
   bool send_queued_inline(FutexLock& lock) {
     constexpr size_t kMostGathered = 16;
     constexpr size_t kInlineHead = kHeaderSize + sizeof(uint64_t);  // and the seq
@@ -934,7 +935,8 @@ class EndpointImpl {
     Status sent = write_pieces(std::span(pieces.data(), 2 * count));
     lock.lock();
     for (size_t i = 0; i < count; ++i)
-      finish(*gathered[i], sent);
+      mark_done(*gathered[i], sent);
+    announce_done();
     return true;
   }
 
@@ -1061,8 +1063,16 @@ class EndpointImpl {
   // `out` is done with `status` (lock held). Its wait may be the reader
   // role's holder, asleep on the channel rather than on cv_: woken too.
   void finish(Outgoing& out, Status status) {
+    mark_done(out, std::move(status));
+    announce_done();
+  }
+  void mark_done(Outgoing& out, Status status) {
     out.stage = Stage::kDone;
     out.status = std::move(status);
+  }
+  // Sends were marked done (mu_ held): wakes their waits, and a reader that
+  // sleeps on the channel, whose caller may wait for one of them.
+  void announce_done() {
     wake_sleepers();
     if (reading_ && reader_id_ != std::this_thread::get_id()) signal_eventfd(sends_wake_.get());
   }
@@ -1686,7 +1696,8 @@ class EndpointImpl {
   // caller looks at what it waits for, and wakes the others, between reads
   // even while a fast sender keeps the socket full. Stops early, leaving
   // frames unread, while kMaxPendingNotes notifications wait for the
-  // endpoint's thread.
+  // endpoint's thread, and, with Take::kUpToAMessage, after the first
+  // inline message taken from the shared ring.
   // Reads and dispatches what the channel holds (reader role held). The
   // replies the dispatches wrote are held meanwhile and written at the end;
   // inside a write to the TCP connection (whose lock this thread holds),
@@ -2435,7 +2446,8 @@ class EndpointImpl {
   std::atomic<bool> register_when_posted_{true};
   // Messages of more than kInlineLimit bytes and up to this size travel in
   // kSentPart frames through the control channel; larger ones by a
-  // one-sided write.
+  // one-sided write. (Through shared memory a send in a stream has a lower
+  // limit: frames_limit().)
   const uint64_t stream_limit_;
   std::mutex join_mu_;
   std::thread reader_;

@@ -41,7 +41,6 @@ TEST(NumberedSlots, FindsWhatIsHeldWhileTheRingWrapsAndGrowsAndEndsOutOfOrder) {
       where.erase(*it);
       held.erase(it);
     }
-    ASSERT_EQ(slots.empty(), held.empty());
     for (uint64_t n = next - std::min<uint64_t>(next, 200); n < next + 3; ++n) {
       Record* found = slots.find(n);
       if (held.count(n) == 0) {
@@ -58,9 +57,17 @@ TEST(NumberedSlots, FindsWhatIsHeldWhileTheRingWrapsAndGrowsAndEndsOutOfOrder) {
     seen.push_back(n);
   });
   EXPECT_EQ(seen, std::vector<uint64_t>(held.begin(), held.end())) << "oldest first";
-  for (uint64_t n : held)
+  for (uint64_t n : held) {
+    EXPECT_FALSE(slots.empty());
     slots.erase(n);
+  }
   EXPECT_TRUE(slots.empty()) << "every record ended";
+  // Empty, it takes any number next.
+  slots.add(next + 1000).text = "after";
+  EXPECT_FALSE(slots.empty());
+  ASSERT_NE(slots.find(next + 1000), nullptr);
+  EXPECT_EQ(slots.find(next + 1000)->text, "after");
+  EXPECT_EQ(slots.find(next), nullptr);
 }
 
 struct WithReset {

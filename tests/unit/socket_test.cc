@@ -7,8 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -51,22 +54,61 @@ TEST(SocketTest, ListenConnectAndLocalAddress) {
   EXPECT_EQ(again.status().code(), StatusCode::kUnavailable);
 }
 
+// What the kernel reports for a buffer of kSameHostSocketBuffer bytes set
+// with `option`: twice that (its bookkeeping's share), within the system's
+// cap (net.core.wmem_max / rmem_max).
+int reported_buffer(int option) {
+  std::ifstream cap(option == SO_SNDBUF ? "/proc/sys/net/core/wmem_max"
+                                        : "/proc/sys/net/core/rmem_max");
+  int most = kSameHostSocketBuffer;
+  if (!(cap >> most)) most = kSameHostSocketBuffer;
+  return 2 * std::min(kSameHostSocketBuffer, most);
+}
+
+void expect_cache_sized_buffers(int fd, const char* which) {
+  for (int option : {SO_SNDBUF, SO_RCVBUF}) {
+    int bytes = 0;
+    socklen_t size = sizeof bytes;
+    ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, option, &bytes, &size), 0);
+    EXPECT_EQ(bytes, reported_buffer(option))
+        << which << (option == SO_SNDBUF ? " send" : " receive") << " buffer";
+  }
+}
+
 // Both ends of a loopback connection get cache-sized buffers, not the
 // kernel's autotuned ones (tune_data_socket; connect_tcp tunes the client).
-// The kernel reports twice what was set: its bookkeeping's share.
 TEST(SocketTest, ConnectionsWithinThisHostGetCacheSizedBuffers) {
   TcpPair pair = connected_pair();
   tune_data_socket(pair.server.get());
-  for (int fd : {pair.client.get(), pair.server.get()}) {
-    for (int option : {SO_SNDBUF, SO_RCVBUF}) {
-      int bytes = 0;
-      socklen_t size = sizeof bytes;
-      ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, option, &bytes, &size), 0);
-      EXPECT_EQ(bytes, 2 * kSameHostSocketBuffer)
-          << (fd == pair.client.get() ? "client " : "server ")
-          << (option == SO_SNDBUF ? "send" : "receive") << " buffer";
-    }
+  expect_cache_sized_buffers(pair.client.get(), "client");
+  expect_cache_sized_buffers(pair.server.get(), "server");
+}
+
+// A dual-stack listener sees an IPv4 client as IPv4-mapped IPv6 addresses.
+// Two loopback addresses (127.0.0.2 to 127.0.0.1) are one host still.
+TEST(SocketTest, IPv4MappedLoopbackEndsAreWithinThisHostToo) {
+  auto listener = listen_tcp(HostPort{"::", 0}, 4);
+  if (!listener.ok()) GTEST_SKIP() << "no IPv6 listener here: " << listener.status().to_string();
+  auto where = local_address(listener->get());
+  ASSERT_TRUE(where.ok());
+  Fd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(client.valid());
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  from.sin_addr.s_addr = htonl(0x7f000002);  // 127.0.0.2
+  ASSERT_EQ(::bind(client.get(), reinterpret_cast<sockaddr*>(&from), sizeof from), 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(where->port);
+  if (::connect(client.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    GTEST_SKIP() << "the IPv6 listener takes no IPv4 here: " << std::strerror(errno);
   }
+  ASSERT_TRUE(wait_fd(listener->get(), POLLIN, Clock::now() + 5s).ok());
+  Fd server(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  ASSERT_TRUE(server.valid());
+  tune_data_socket(server.get());
+  expect_cache_sized_buffers(server.get(), "server");
 }
 
 TEST(SocketTest, SendAndReceiveExactly) {
