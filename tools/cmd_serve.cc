@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -24,17 +25,39 @@ namespace {
 // threads to keep messages in flight.
 constexpr size_t kPosted = 16;
 
+// Under ThreadSanitizer each receive gets a buffer of its own. Shared
+// buffers (below) are written by several one-sided writes at once (a
+// stream's messages, over several connections): a race by design, which
+// the benchmark accepts as tag_bw does, but which ThreadSanitizer reports.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kBufferPerReceive = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kBufferPerReceive = true;
+#else
+constexpr bool kBufferPerReceive = false;
+#endif
+#else
+constexpr bool kBufferPerReceive = false;
+#endif
+
 // Accepts endpoints until stopped and serves each with a thread that keeps
-// kPosted receives of `max_message` bytes posted: a message whose first
-// byte is 'E' is sent back as it came (an echo, for latency), any other is
-// dropped (for bandwidth). The receives share one buffer, as the receives
-// of ucx_perftest's tag_bw do: the benchmark compares transports, not how
-// fast the host's memory takes 16 cold buffers. (An echo is sent before its
-// receive is posted again, and the client sends the next message only once
-// the echo came, so no message lands over one not yet echoed. A client that
-// also streams messages to drop does so on another endpoint: a ping sent
-// right after a stream could land over a dropped message not yet looked
-// at, and make it look like one to echo.)
+// kPosted receives of `max_message` bytes posted. The first message on an
+// endpoint says what it is for: when its first byte is 'E', every message
+// on that endpoint is sent back as it came (echoes, for latency); else
+// every message is dropped, its bytes never read (for bandwidth: later
+// messages land in the same memory meanwhile, and a byte read then would
+// race with them).
+//
+// The receives share two buffers, taking turns (as the receives of
+// ucx_perftest's tag_bw share one): the benchmark compares transports, not
+// how fast the host's memory takes 16 cold buffers. Two, not one: over TCP
+// a receive is posted again before its echo goes (see serve()), so with
+// one buffer the next message would land in the memory the echo is sent
+// from, as far as ThreadSanitizer can tell (it does not see the order the
+// socket gives: the client sends the next message only once the echo
+// came). The first receive has a buffer of its own, so that its first
+// byte is read while nothing else can land there.
 class EndpointServer {
  public:
   EndpointServer(std::unique_ptr<EndpointListener> listener, uint64_t max_message)
@@ -70,12 +93,22 @@ class EndpointServer {
   }
 
   void serve(Endpoint& endpoint) {
-    auto memory = LocalMemory::allocate(max_message_);
-    if (!memory.ok()) return;
-    std::vector<LocalMemory> buffers(kPosted, *memory);
+    auto first = LocalMemory::allocate(max_message_);
+    auto even = LocalMemory::allocate(max_message_);
+    auto odd = LocalMemory::allocate(max_message_);
+    if (!first.ok() || !even.ok() || !odd.ok()) return;
+    std::vector<LocalMemory> buffers;
+    for (size_t i = 0; i < kPosted; ++i) {  // kPosted is even: message n lands in buffer n % 2
+      auto own =
+          kBufferPerReceive ? LocalMemory::allocate(max_message_) : (i % 2 == 0 ? even : odd);
+      if (!own.ok()) return;
+      buffers.push_back(*own);
+    }
+    std::vector<LocalMemory> in_slot = buffers;  // what each posted receive fills
+    in_slot[0] = *first;
     std::vector<PendingReceive> posted;
     for (size_t i = 0; i < kPosted; ++i) {
-      auto receive = endpoint.post_receive(buffers[i]);
+      auto receive = endpoint.post_receive(in_slot[i]);
       if (!receive.ok()) return;
       posted.push_back(std::move(receive).value());
     }
@@ -86,22 +119,25 @@ class EndpointServer {
     // does. Through shared memory, where a write costs no system call, the
     // echo goes first: else the client would take the credit in before it.
     const bool post_first = endpoint.channel() != "shared memory";
+    std::optional<bool> echoes;  // what the endpoint is for, once its first message came
     for (size_t i = 0;; i = (i + 1) % kPosted) {
       auto size = posted[i].wait(std::chrono::hours(24));
       if (!size.ok() && size.status().code() != StatusCode::kDeadlineExceeded &&
           size.status().code() != StatusCode::kInvalidArgument) {
         return;  // closed (an idle day or a message too large: go on)
       }
-      const bool echo = size.ok() && *size > 0 && buffers[i].data()[0] == std::byte{'E'};
+      const LocalMemory into = in_slot[i];
+      if (!echoes && size.ok()) echoes = *size > 0 && into.data()[0] == std::byte{'E'};
+      auto message = into.slice(0, size.ok() ? *size : 0);
       auto post_again = [&] {
         auto again = endpoint.post_receive(buffers[i]);
         if (!again.ok()) return false;
         posted[i] = std::move(again).value();
+        in_slot[i] = buffers[i];
         return true;
       };
       if (post_first && !post_again()) return;
-      if (echo) {
-        auto message = buffers[i].slice(0, *size);
+      if (size.ok() && echoes.value_or(false)) {
         if (!message.ok() || !endpoint.send(*message, std::chrono::seconds(60)).ok()) return;
       }
       if (!post_first && !post_again()) return;
