@@ -14,15 +14,9 @@
 #include <mutex>  // std::defer_lock_t
 
 #include "common/futex.h"
+#include "common/sanitizers.h"
 
-#if defined(__SANITIZE_THREAD__)
-#define RDMABUF_TSAN_MUTEX 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RDMABUF_TSAN_MUTEX 1
-#endif
-#endif
-#ifdef RDMABUF_TSAN_MUTEX
+#ifdef RDMABUF_UNDER_TSAN
 #include <sanitizer/tsan_interface.h>
 #endif
 
@@ -35,7 +29,7 @@ class FutexMutex {
   FutexMutex& operator=(const FutexMutex&) = delete;
 
   void lock() {
-#ifdef RDMABUF_TSAN_MUTEX
+#ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_pre_lock(this, 0);
 #endif
     uint32_t expected = kFree;
@@ -43,30 +37,30 @@ class FutexMutex {
                                        std::memory_order_relaxed)) {
       lock_contended();
     }
-#ifdef RDMABUF_TSAN_MUTEX
+#ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_post_lock(this, 0, 0);
 #endif
   }
 
   bool try_lock() {
-#ifdef RDMABUF_TSAN_MUTEX
+#ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
 #endif
     uint32_t expected = kFree;
     const bool took = word_.compare_exchange_strong(expected, kHeld, std::memory_order_acquire,
                                                     std::memory_order_relaxed);
-#ifdef RDMABUF_TSAN_MUTEX
+#ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_post_lock(this, took ? __tsan_mutex_try_lock : __tsan_mutex_try_lock_failed, 0);
 #endif
     return took;
   }
 
   void unlock() {
-#ifdef RDMABUF_TSAN_MUTEX
+#ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_pre_unlock(this, 0);
 #endif
     if (word_.exchange(kFree, std::memory_order_release) == kContended) futex_wake_one(word_);
-#ifdef RDMABUF_TSAN_MUTEX
+#ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_post_unlock(this, 0);
 #endif
   }

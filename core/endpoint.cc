@@ -802,7 +802,12 @@ class EndpointImpl {
   // Whether the frames the sender writes answer the oldest credit with
   // `message` (lock held): no one-sided write (see send_in_frames).
   bool answered_by_frames(const LocalMemory& message) const {
-    return message.size() <= frames_limit() || message.size() > credits_.front().capacity;
+    return answered_by_frames(message, credits_.front());
+  }
+  // The same for `message` against `credit`: in frames when it is small
+  // enough, or too large for the receive (kTooLarge).
+  bool answered_by_frames(const LocalMemory& message, const Credit& credit) const {
+    return message.size() <= frames_limit() || message.size() > credit.capacity;
   }
   // The largest message sent in frames now (mu_ held): see kShmStreamingLimit.
   uint64_t frames_limit() const {
@@ -868,7 +873,7 @@ class EndpointImpl {
         queued_sends_.pop_front();
         Outgoing& out = *sends_.find(id);  // queued: its wait has not ended
         out.credit = credits_.take_front();
-        if (out.message.size() <= frames_limit() || out.message.size() > out.credit.capacity) {
+        if (answered_by_frames(out.message, out.credit)) {
           out.stage = Stage::kBusy;
           lock.unlock();
           Status sent = send_in_frames(out.credit, out.message);

@@ -179,10 +179,10 @@ int cmd_bench_send(int argc, char** argv) {
     if (!text.ok()) return fail(text.status().with_context("the peer process did not start"));
     if (text->rfind("endpoint ", 0) == 0) address = text->substr(9);
   }
-  // Two endpoints: the peer's receives on each share one buffer, and it
-  // echoes a message whose first byte (there) is 'E'. On one endpoint, a
-  // ping sent right after a bandwidth run could land over a message the
-  // peer had not looked at yet, which it would then echo.
+  // Two endpoints: the peer echoes every message on an endpoint whose first
+  // message starts with 'E' (the pings), and drops, unread, every message
+  // on any other (the streams). On one endpoint, a ping sent right after a
+  // bandwidth run would land in memory a streamed message still occupies.
   auto for_latency = (*manager)->connect(address, kTimeout);
   if (!for_latency.ok()) return fail(for_latency.status().with_context("connecting to the peer"));
   auto for_bandwidth = (*manager)->connect(address, kTimeout);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/host.h"
+#include "common/sanitizers.h"
 #include "rdmabuf/rdmabuf.h"
 #include "tools/args.h"
 #include "tools/commands.h"
@@ -29,14 +30,8 @@ constexpr size_t kPosted = 16;
 // buffers (below) are written by several one-sided writes at once (a
 // stream's messages, over several connections): a race by design, which
 // the benchmark accepts as tag_bw does, but which ThreadSanitizer reports.
-#if defined(__SANITIZE_THREAD__)
+#ifdef RDMABUF_UNDER_TSAN
 constexpr bool kBufferPerReceive = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kBufferPerReceive = true;
-#else
-constexpr bool kBufferPerReceive = false;
-#endif
 #else
 constexpr bool kBufferPerReceive = false;
 #endif
