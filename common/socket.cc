@@ -210,7 +210,6 @@ void tune_data_socket(int fd) {
   if (within_this_host(fd)) {
     const int bytes = kSameHostSocketBuffer;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
   }
   set_nonblocking(fd, true).ignore();
 }

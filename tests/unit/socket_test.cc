@@ -54,34 +54,40 @@ TEST(SocketTest, ListenConnectAndLocalAddress) {
   EXPECT_EQ(again.status().code(), StatusCode::kUnavailable);
 }
 
-// What the kernel reports for a buffer of kSameHostSocketBuffer bytes set
-// with `option`: twice that (its bookkeeping's share), within the system's
-// cap (net.core.wmem_max / rmem_max).
-int reported_buffer(int option) {
-  std::ifstream cap(option == SO_SNDBUF ? "/proc/sys/net/core/wmem_max"
-                                        : "/proc/sys/net/core/rmem_max");
+// What the kernel reports for a send buffer of kSameHostSocketBuffer bytes:
+// twice that (its bookkeeping's share), within the system's cap
+// (net.core.wmem_max).
+int reported_send_buffer() {
+  std::ifstream cap("/proc/sys/net/core/wmem_max");
   int most = kSameHostSocketBuffer;
   if (!(cap >> most)) most = kSameHostSocketBuffer;
   return 2 * std::min(kSameHostSocketBuffer, most);
 }
 
-void expect_cache_sized_buffers(int fd, const char* which) {
-  for (int option : {SO_SNDBUF, SO_RCVBUF}) {
-    int bytes = 0;
-    socklen_t size = sizeof bytes;
-    ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, option, &bytes, &size), 0);
-    EXPECT_EQ(bytes, reported_buffer(option))
-        << which << (option == SO_SNDBUF ? " send" : " receive") << " buffer";
-  }
+int buffer_of(int fd, int option) {
+  int bytes = 0;
+  socklen_t size = sizeof bytes;
+  EXPECT_EQ(::getsockopt(fd, SOL_SOCKET, option, &bytes, &size), 0);
+  return bytes;
 }
 
-// Both ends of a loopback connection get cache-sized buffers, not the
-// kernel's autotuned ones (tune_data_socket; connect_tcp tunes the client).
-TEST(SocketTest, ConnectionsWithinThisHostGetCacheSizedBuffers) {
+// A cache-sized send buffer; the receive buffer as an untouched socket's,
+// left to the kernel (see tune_data_socket for why).
+void expect_cache_sized_send_buffer(int fd, int untouched_receive_buffer, const char* which) {
+  EXPECT_EQ(buffer_of(fd, SO_SNDBUF), reported_send_buffer()) << which << " send buffer";
+  EXPECT_EQ(buffer_of(fd, SO_RCVBUF), untouched_receive_buffer) << which << " receive buffer";
+}
+
+// Both ends of a loopback connection get a cache-sized send buffer, not the
+// kernel's autotuned one (tune_data_socket; connect_tcp tunes the client).
+TEST(SocketTest, ConnectionsWithinThisHostGetCacheSizedSendBuffers) {
+  Fd untouched(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(untouched.valid());
+  const int receive_buffer = buffer_of(untouched.get(), SO_RCVBUF);
   TcpPair pair = connected_pair();
   tune_data_socket(pair.server.get());
-  expect_cache_sized_buffers(pair.client.get(), "client");
-  expect_cache_sized_buffers(pair.server.get(), "server");
+  expect_cache_sized_send_buffer(pair.client.get(), receive_buffer, "client");
+  expect_cache_sized_send_buffer(pair.server.get(), receive_buffer, "server");
 }
 
 // A dual-stack listener sees an IPv4 client as IPv4-mapped IPv6 addresses.
@@ -107,8 +113,9 @@ TEST(SocketTest, IPv4MappedLoopbackEndsAreWithinThisHostToo) {
   ASSERT_TRUE(wait_fd(listener->get(), POLLIN, Clock::now() + 5s).ok());
   Fd server(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
   ASSERT_TRUE(server.valid());
+  const int receive_buffer = buffer_of(server.get(), SO_RCVBUF);
   tune_data_socket(server.get());
-  expect_cache_sized_buffers(server.get(), "server");
+  expect_cache_sized_send_buffer(server.get(), receive_buffer, "server");
 }
 
 TEST(SocketTest, SendAndReceiveExactly) {
