@@ -121,20 +121,27 @@ class EndpointServer {
           size.status().code() != StatusCode::kInvalidArgument) {
         return;  // closed (an idle day or a message too large: go on)
       }
-      const LocalMemory into = in_slot[i];
+      const LocalMemory& into = in_slot[i];
       if (!echoes && size.ok()) echoes = *size > 0 && into.data()[0] == std::byte{'E'};
-      auto message = into.slice(0, size.ok() ? *size : 0);
+      const bool echo = size.ok() && echoes.value_or(false);
+      // Only an echo needs the message as memory of its own (a copy of
+      // `into`, taken before the receive is posted again): a dropped message
+      // costs no reference counting.
+      std::optional<LocalMemory> message;
+      if (echo) {
+        auto sliced = into.slice(0, *size);
+        if (!sliced.ok()) return;
+        message = std::move(sliced).value();
+      }
       auto post_again = [&] {
         auto again = endpoint.post_receive(buffers[i]);
         if (!again.ok()) return false;
         posted[i] = std::move(again).value();
-        in_slot[i] = buffers[i];
+        if (i == 0) in_slot[0] = buffers[0];  // the first receive's own buffer is done with
         return true;
       };
       if (post_first && !post_again()) return;
-      if (size.ok() && echoes.value_or(false)) {
-        if (!message.ok() || !endpoint.send(*message, std::chrono::seconds(60)).ok()) return;
-      }
+      if (echo && !endpoint.send(*message, std::chrono::seconds(60)).ok()) return;
       if (!post_first && !post_again()) return;
     }
   }
