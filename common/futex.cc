@@ -3,6 +3,8 @@
 #include "common/futex_mutex.h"
 
 #include <linux/futex.h>
+#include <linux/membarrier.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -10,6 +12,43 @@
 #include <climits>
 
 namespace rdmabuf {
+namespace {
+
+long membarrier(int command) {
+  return ::syscall(__NR_membarrier, command, 0u, 0);
+}
+
+bool register_private_expedited() {
+  const long offered = membarrier(MEMBARRIER_CMD_QUERY);
+  constexpr long kNeeded =
+      MEMBARRIER_CMD_PRIVATE_EXPEDITED | MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED;
+  return offered >= 0 && (offered & kNeeded) == kNeeded &&
+         membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+}
+
+// The child of a fork() runs one thread: it registers again (or unlocks
+// with fences from now on) before any other thread can start.
+void register_again_in_child() {
+  futex_detail::unlock_skips_fence = register_private_expedited();
+}
+
+bool register_at_load() {
+  if (!register_private_expedited()) return false;
+  pthread_atfork(nullptr, nullptr, register_again_in_child);
+  return true;
+}
+
+}  // namespace
+
+namespace futex_detail {
+// Zero (fences in unlock) until this initialiser runs, as the library
+// loads: no FutexMutex is in use by two threads before then.
+bool unlock_skips_fence = register_at_load();
+}  // namespace futex_detail
+
+bool fence_other_threads() {
+  return membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0;
+}
 
 void futex_wait_until(std::atomic<uint32_t>& word, uint32_t expected, Deadline deadline) {
   auto left = deadline - Clock::now();
@@ -47,11 +86,33 @@ void FutexMutex::lock_contended() {
       return;
     }
   }
-  // Taken as kContended from here on, even when no other thread sleeps:
-  // at worst one wake-up too many at unlock.
-  while (word_.exchange(kContended, std::memory_order_acquire) != kFree) {
-    futex_wait_until(word_, kContended, Deadline::max());  // (an hour at a time)
+  // To sleep: counted in sleepers_ first, then a look at word_, and a sleep
+  // only while the word still holds what that look saw. The unlock stores
+  // kFree, then loads sleepers_ (Dekker): one side fences between its store
+  // and its load. The locked increment is this side's; the unlock's is
+  // either its own fence or, when it skips it, the membarrier below, which
+  // makes every running thread of the process pass one. So either the look
+  // sees kFree, or the unlock sees this thread counted and wakes one. One
+  // membarrier covers the whole wait: a thread that takes the lock later
+  // does so with a locked instruction, after the increment.
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  // Should the membarrier ever fail, an unlock may miss this thread: it
+  // then looks again every millisecond rather than sleeping for good.
+  const bool fenced = !unlock_skips_fence() || fence_other_threads();
+  const Clock::duration nap = fenced ? Clock::duration(std::chrono::hours(1))
+                                     : Clock::duration(std::chrono::milliseconds(1));
+  while (true) {
+    uint32_t seen = word_.load(std::memory_order_relaxed);
+    if (seen == kFree) {
+      if (word_.compare_exchange_strong(seen, kHeld, std::memory_order_acquire,
+                                        std::memory_order_relaxed)) {
+        break;
+      }
+      continue;  // taken meanwhile: look again
+    }
+    futex_wait_until(word_, seen, Clock::now() + nap);
   }
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 }  // namespace rdmabuf

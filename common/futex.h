@@ -20,6 +20,21 @@ void futex_wake_all(std::atomic<uint32_t>& word);
 // Wakes one thread sleeping on `word`, if any.
 void futex_wake_one(std::atomic<uint32_t>& word);
 
+// Whether FutexMutex::unlock may skip its fence: this process is registered
+// for membarrier(2)'s MEMBARRIER_CMD_PRIVATE_EXPEDITED, which a thread about
+// to sleep on a FutexMutex then issues instead (see futex_mutex.h). Set as
+// the library loads, before any thread can use a FutexMutex, and again in
+// the child of a fork(), which the registration does not survive.
+namespace futex_detail {
+extern bool unlock_skips_fence;
+}  // namespace futex_detail
+inline bool unlock_skips_fence() {
+  return futex_detail::unlock_skips_fence;
+}
+// Makes every running thread of this process pass a full memory fence
+// (membarrier's private expedited command): false when it could not.
+bool fence_other_threads();
+
 // Spin-then-sleep: `spin()` returns true while the busy-poll window since the
 // last activity lasts, yielding the CPU each time so spinners never starve
 // the thread they wait for (wake-ups cost tens of microseconds in VMs; a

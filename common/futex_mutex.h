@@ -1,5 +1,6 @@
-// A mutex on one futex word, for locks taken on every message: lock and
-// unlock are one atomic instruction each, inline, where std::mutex calls
+// A mutex on one futex word, for locks taken on every message: lock is one
+// atomic instruction and unlock a plain store (see unlock()), inline,
+// where std::mutex calls
 // into pthread_mutex_lock (about 30 instructions a call, and some 60 a
 // lock and unlock together, seven times per endpoint round trip). Under
 // contention it spins briefly, then sleeps on the word; unlock wakes one
@@ -59,21 +60,35 @@ class FutexMutex {
 #ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_pre_unlock(this, 0);
 #endif
-    if (word_.exchange(kFree, std::memory_order_release) == kContended) futex_wake_one(word_);
+    word_.store(kFree, std::memory_order_release);
+    // Against lock_contended(), which counts itself in sleepers_ and then
+    // looks at word_ (Dekker): one of the two must fence between its store
+    // and its load. Where the process is registered for membarrier's
+    // private expedited command, the sleeper pays for both (see there): a
+    // plain store here does not wait for the critical section's stores to
+    // reach the cache, as a locked instruction does.
+    if (unlock_skips_fence()) {
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    } else {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
+    if (sleepers_.load(std::memory_order_relaxed) != 0) [[unlikely]]
+      futex_wake_one(word_);
 #ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_post_unlock(this, 0);
 #endif
   }
 
  private:
-  // kContended: held, and a thread may sleep on the word (unlock wakes one).
-  static constexpr uint32_t kFree = 0, kHeld = 1, kContended = 2;
+  static constexpr uint32_t kFree = 0, kHeld = 1;
 
   // Out of line: spins a little while the holder is likely about to let
   // go, then marks the word contended and sleeps until it is free.
   void lock_contended();
 
   std::atomic<uint32_t> word_{kFree};
+  // Threads in lock_contended() that may sleep on word_: unlock wakes one.
+  std::atomic<uint32_t> sleepers_{0};
 };
 
 // A std::unique_lock for FutexMutex, without unique_lock's checks for
