@@ -60,19 +60,20 @@ class FutexMutex {
 #ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_pre_unlock(this, 0);
 #endif
-    word_.store(kFree, std::memory_order_release);
     // Against lock_contended(), which counts itself in sleepers_ and then
     // looks at word_ (Dekker): one of the two must fence between its store
     // and its load. Where the process is registered for membarrier's
-    // private expedited command, the sleeper pays for both (see there): a
-    // plain store here does not wait for the critical section's stores to
-    // reach the cache, as a locked instruction does.
+    // private expedited command, the sleeper pays for both (see there), and
+    // a plain store here does not wait for the critical section's stores
+    // to reach the cache, as a locked instruction does. Elsewhere the
+    // exchange is the fence.
     if (unlock_skips_fence()) {
-      std::atomic_signal_fence(std::memory_order_seq_cst);
+      word_.store(kFree, std::memory_order_release);
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the compiler keeps the order
     } else {
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      word_.exchange(kFree, std::memory_order_seq_cst);
     }
-    if (sleepers_.load(std::memory_order_relaxed) != 0) [[unlikely]]
+    if (sleepers_.load(std::memory_order_seq_cst) != 0) [[unlikely]]
       futex_wake_one(word_);
 #ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_post_unlock(this, 0);
