@@ -26,8 +26,9 @@ bool register_private_expedited() {
          membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
 }
 
-// The child of a fork() runs one thread: it registers again (or unlocks
-// with fences from now on) before any other thread can start.
+// The child of a fork() runs one thread: it registers again (harmless if
+// it kept its parent's registration), or unlocks with fences from now on,
+// before any other thread can start.
 void register_again_in_child() {
   futex_detail::unlock_skips_fence = register_private_expedited();
 }
@@ -86,23 +87,26 @@ void FutexMutex::lock_contended() {
       return;
     }
   }
-  // To sleep: counted in sleepers_ first, then a look at word_, and a sleep
+  // To sleep: counted in waiters_ first, then a look at word_, and a sleep
   // only while the word still holds what that look saw. The unlock stores
-  // kFree, then loads sleepers_ (Dekker): one side fences between its store
+  // kFree, then loads waiters_ (Dekker): one side fences between its store
   // and its load. The locked increment is this side's; the unlock's is
-  // either its own fence or, when it skips it, the membarrier below, which
-  // makes every running thread of the process pass one. So either the look
-  // sees kFree, or the unlock sees this thread counted and wakes one. One
-  // membarrier covers the whole wait: a thread that takes the lock later
-  // does so with a locked instruction, after the increment.
-  sleepers_.fetch_add(1, std::memory_order_seq_cst);
-  // Should the membarrier ever fail, an unlock may miss this thread: it
-  // then looks again every millisecond rather than sleeping for good.
-  const bool fenced = !unlock_skips_fence() || fence_other_threads();
-  const Clock::duration nap = fenced ? Clock::duration(std::chrono::hours(1))
-                                     : Clock::duration(std::chrono::milliseconds(1));
+  // either its own exchange or, when it skips it, the membarrier below,
+  // which makes every running thread of the process pass a fence (one not
+  // running passed one when it was switched out). So either the look sees
+  // kFree, or the unlock sees this thread counted and wakes one. One
+  // membarrier covers the whole wait: every lock is taken with a locked
+  // read-modify-write, so a thread that takes it after the increment sees
+  // the count at its unlock. The membarrier is issued before the first
+  // look that finds unlocks skipping their fence, should that start while
+  // this thread waits (the flag is set as the library loads). Should the
+  // membarrier fail, an unlock may miss this thread: it then looks again
+  // every millisecond rather than sleeping for good.
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  bool fenced = false;  // for unlocks that skip their fence
   while (true) {
-    uint32_t seen = word_.load(std::memory_order_relaxed);
+    if (unlock_skips_fence() && !fenced) fenced = fence_other_threads();
+    uint32_t seen = word_.load(std::memory_order_seq_cst);
     if (seen == kFree) {
       if (word_.compare_exchange_strong(seen, kHeld, std::memory_order_acquire,
                                         std::memory_order_relaxed)) {
@@ -110,9 +114,12 @@ void FutexMutex::lock_contended() {
       }
       continue;  // taken meanwhile: look again
     }
-    futex_wait_until(word_, seen, Clock::now() + nap);
+    const bool missable = unlock_skips_fence() && !fenced;
+    futex_wait_until(word_, seen,
+                     Clock::now() + (missable ? Clock::duration(std::chrono::milliseconds(1))
+                                              : Clock::duration(std::chrono::hours(1))));
   }
-  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  waiters_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 }  // namespace rdmabuf

@@ -22,9 +22,9 @@ void futex_wake_one(std::atomic<uint32_t>& word);
 
 // Whether FutexMutex::unlock may skip its fence: this process is registered
 // for membarrier(2)'s MEMBARRIER_CMD_PRIVATE_EXPEDITED, which a thread about
-// to sleep on a FutexMutex then issues instead (see futex_mutex.h). Set as
-// the library loads, before any thread can use a FutexMutex, and again in
-// the child of a fork(), which the registration does not survive.
+// to sleep on a FutexMutex then issues instead (the argument is in
+// FutexMutex::lock_contended, common/futex.cc). Set as the library loads,
+// and again in the child of a fork().
 namespace futex_detail {
 extern bool unlock_skips_fence;
 }  // namespace futex_detail

@@ -1,10 +1,13 @@
-// A mutex on one futex word, for locks taken on every message: lock is one
-// atomic instruction and unlock a plain store (see unlock()), inline,
-// where std::mutex calls
-// into pthread_mutex_lock (about 30 instructions a call, and some 60 a
-// lock and unlock together, seven times per endpoint round trip). Under
-// contention it spins briefly, then sleeps on the word; unlock wakes one
-// sleeper. Not recursive; unlock only by the holder. Works with
+// A mutex on one futex word, for locks taken on every message: inline,
+// lock is one atomic instruction, and unlock a plain store and a load (a
+// locked exchange where membarrier(2) is missing; see unlock()), where
+// std::mutex calls into pthread_mutex_lock (about 30 instructions a call,
+// and some 60 a lock and unlock together, seven times per endpoint round
+// trip). Under contention it spins briefly, then sleeps on the word;
+// unlock wakes one sleeper. Not recursive; unlock only by the holder.
+// Unlike std::mutex, it must not be destroyed while a thread may still be
+// inside unlock() (which reads the mutex after letting go): the endpoint's
+// callers and threads keep its state alive while they call in. Works with
 // std::lock_guard, FutexLock (below) and std::condition_variable_any.
 // ThreadSanitizer is told it is a mutex (annotations below), so it checks
 // the code it guards as it checks code under std::mutex.
@@ -60,7 +63,7 @@ class FutexMutex {
 #ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_pre_unlock(this, 0);
 #endif
-    // Against lock_contended(), which counts itself in sleepers_ and then
+    // Against lock_contended(), which counts itself in waiters_ and then
     // looks at word_ (Dekker): one of the two must fence between its store
     // and its load. Where the process is registered for membarrier's
     // private expedited command, the sleeper pays for both (see there), and
@@ -73,7 +76,7 @@ class FutexMutex {
     } else {
       word_.exchange(kFree, std::memory_order_seq_cst);
     }
-    if (sleepers_.load(std::memory_order_seq_cst) != 0) [[unlikely]]
+    if (waiters_.load(std::memory_order_seq_cst) != 0) [[unlikely]]
       futex_wake_one(word_);
 #ifdef RDMABUF_UNDER_TSAN
     __tsan_mutex_post_unlock(this, 0);
@@ -84,12 +87,12 @@ class FutexMutex {
   static constexpr uint32_t kFree = 0, kHeld = 1;
 
   // Out of line: spins a little while the holder is likely about to let
-  // go, then marks the word contended and sleeps until it is free.
+  // go, then counts itself in waiters_ and sleeps until the word is free.
   void lock_contended();
 
   std::atomic<uint32_t> word_{kFree};
   // Threads in lock_contended() that may sleep on word_: unlock wakes one.
-  std::atomic<uint32_t> sleepers_{0};
+  std::atomic<uint32_t> waiters_{0};
 };
 
 // A std::unique_lock for FutexMutex, without unique_lock's checks for
