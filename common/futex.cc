@@ -3,7 +3,6 @@
 #include "common/futex_mutex.h"
 
 #include <linux/futex.h>
-#include <linux/membarrier.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -11,19 +10,14 @@
 
 #include <climits>
 
+#include "common/membarrier.h"
+
 namespace rdmabuf {
 namespace {
 
-long membarrier(int command) {
-  return ::syscall(__NR_membarrier, command, 0u, 0);
-}
-
 bool register_private_expedited() {
-  const long offered = membarrier(MEMBARRIER_CMD_QUERY);
-  constexpr long kNeeded =
-      MEMBARRIER_CMD_PRIVATE_EXPEDITED | MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED;
-  return offered >= 0 && (offered & kNeeded) == kNeeded &&
-         membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+  return register_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+                             MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
 }
 
 // The child of a fork() runs one thread: it registers again (harmless if
@@ -42,8 +36,9 @@ bool register_at_load() {
 }  // namespace
 
 namespace futex_detail {
-// Zero (fences in unlock) until this initialiser runs, as the library
-// loads: no FutexMutex is in use by two threads before then.
+// Zero (unlocks fence) until this initialiser runs, as the library loads;
+// a thread already waiting then fences before its next look (see
+// lock_contended).
 bool unlock_skips_fence = register_at_load();
 }  // namespace futex_detail
 

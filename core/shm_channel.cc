@@ -1,9 +1,7 @@
 #include "core/shm_channel.h"
 
 #include <fcntl.h>
-#include <linux/membarrier.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <cstring>
 
 #include "common/host.h"
+#include "common/membarrier.h"
 #include "common/shared_file.h"
 
 namespace rdmabuf {
@@ -37,10 +36,6 @@ std::atomic_ref<T> shared(T& field) {
   return std::atomic_ref<T>(field);
 }
 
-long membarrier(int command) {
-  return ::syscall(__NR_membarrier, command, 0u, 0);
-}
-
 // Registers this process for MEMBARRIER_CMD_GLOBAL_EXPEDITED (see
 // request_doorbell() in the header): whether it is. Once per process: a
 // child of fork() asks again, which costs nothing if it kept its parent's
@@ -49,11 +44,10 @@ bool register_for_asymmetric_fences() {
   static std::atomic<pid_t> registered{0};
   const pid_t self = ::getpid();
   if (registered.load(std::memory_order_acquire) == self) return true;
-  constexpr long kNeeded =
-      MEMBARRIER_CMD_GLOBAL_EXPEDITED | MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED;
-  const long offered = membarrier(MEMBARRIER_CMD_QUERY);
-  if (offered < 0 || (offered & kNeeded) != kNeeded) return false;
-  if (membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) != 0) return false;
+  if (!register_membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED,
+                           MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED)) {
+    return false;
+  }
   registered.store(self, std::memory_order_release);
   return true;
 }
