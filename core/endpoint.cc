@@ -1753,7 +1753,10 @@ class EndpointImpl {
         // (peer_closed_: the read says so).
         if (stopped || (!shm_->has_incoming() && !peer_closed_)) return Status::Ok();
       }
-      if (read_once) return Status::Ok();
+      // One read per call; through shared memory, as many as complete the
+      // frame begun (receive_some takes one cut by the ring's end in two:
+      // its header, then the rest).
+      if (read_once && !(shm_ && in_end_ > in_begin_)) return Status::Ok();
       if (lock.owns_lock()) lock.unlock();  // dispatch takes it
       // Keep what is left of a frame at the front, then read more.
       std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
@@ -1852,18 +1855,35 @@ class EndpointImpl {
     return at;
   }
 
+  // Shared-memory channel: how many bytes receive_some() may copy out of
+  // the ring, so that no frame take_frames_in_place() could take where it
+  // lies goes through in_ (twice copied). At a frame's start, the whole
+  // frames in front when they are not messages; else the frame in front
+  // is one that it could not take (cut by the ring's end, say, as one in
+  // a hundred 4 KiB messages is): its header, then the rest of it.
+  // (Copying up to kInCapacity there took a tenth of a 4 KiB stream's
+  // messages through in_.) in_ holds only the start of a frame, if any.
+  Result<size_t> ring_bytes_to_copy() {
+    const size_t have = in_end_ - in_begin_;
+    if (have == 0) {
+      RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
+      const size_t before = frames_before_a_message(ring);
+      return before > 0 ? before : kHeaderSize;
+    }
+    if (have < kHeaderSize) return kHeaderSize - have;
+    // Its size was checked when its header came (pump_frames).
+    const auto [size, type] = read_header(in_.get() + in_begin_);
+    return kHeaderSize + size - have;
+  }
+
   // Takes what the control channel holds, up to `size` bytes, without
   // blocking: how many, 0 when it has none. Reader role held. Through
-  // shared memory, when the frames in front are not messages, only those:
-  // the messages behind them are taken where they lie.
+  // shared memory, only the frames that cannot be taken where they lie
+  // (ring_bytes_to_copy).
   Result<size_t> receive_some(uint8_t* out, size_t size) {
     if (shm_) {
-      if (in_begin_ == in_end_) {  // at a frame's start: copy none of the messages behind
-        RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
-        const size_t before = frames_before_a_message(ring);
-        if (before > 0) size = std::min(size, before);
-      }
-      RDMABUF_ASSIGN_OR_RETURN(size_t n, shm_->read_some(out, size));
+      RDMABUF_ASSIGN_OR_RETURN(const size_t most, ring_bytes_to_copy());
+      RDMABUF_ASSIGN_OR_RETURN(size_t n, shm_->read_some(out, std::min(size, most)));
       // The peer's frames before its end are all in the ring: read them first.
       if (n == 0 && peer_closed_) return Unavailable("connection closed by peer");
       return n;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "core/shm_channel.h"
 #include "rdmabuf/rdmabuf.h"
 #include "tests/helpers/forge.h"
 #include "tests/helpers/pattern.h"
@@ -1129,6 +1130,91 @@ TEST_P(ConformanceTest, EndpointManyPostedReceivesEndedInAnyOrderEachGetTheirOwn
 // posted: each message lands whole in its own receive, in the order posted,
 // inline-sized and one-sided ones mixed (with and without the receive's
 // handle in its credit), also an oversize one, which fails both sides alone.
+// Through the shared-memory channel a receiver takes a message where it
+// lies in the ring, unless the ring's end cuts its frame; then it copies
+// that frame, header first. This stream places the ring's end, lap after
+// lap, inside a message's header, inside its sequence number, at its first
+// byte, amid its bytes and between two frames, assuming what the channel
+// is today (rings of ShmChannel::ring_bytes(), starting empty, that carry
+// nothing but this stream's frames; a small message's frame is its bytes
+// and 13 more: docs/wire-format.md); should that change, it is still a
+// stream of odd-sized messages across several laps. Over TCP, the same
+// stream. Every message must land whole, in order, in its own receive.
+TEST_P(ConformanceTest, EndpointMessagesCutByTheRingsEndLandWhole) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  constexpr size_t kFrameBytes = 13;  // beside a small message's own
+  constexpr size_t kLargest = 4096;   // sent inline
+  const size_t lap = ShmChannel::ring_bytes();
+  // Where, from a frame's start, the ring's end falls in each lap.
+  const std::vector<size_t> cuts = {2, 9, 13, 700, 0, 5, 4095};
+  std::vector<size_t> sizes;
+  size_t at = 0;  // where the next frame starts, in the stream
+  auto add = [&](size_t frame) {
+    sizes.push_back(frame - kFrameBytes);
+    at += frame;
+  };
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    // Frames that end where the cut message must start: as large as they
+    // come, then two that share what is left (each at least a header).
+    const size_t start = (i + 1) * lap - cuts[i];
+    while (start - at >= 2 * (kFrameBytes + kLargest))
+      add(kFrameBytes + kLargest);
+    const size_t left = start - at;
+    if (left >= 2 * kFrameBytes) {
+      add(left / 2);
+      add(left - left / 2);
+    } else if (left >= kFrameBytes) {
+      add(left);
+    } else if (left > 0) {
+      continue;  // no frame is that small: this lap goes uncut
+    }
+    add(kFrameBytes + kLargest);  // the one the ring's end cuts
+  }
+  ASSERT_GE(sizes.size(), cuts.size() * (lap / (kFrameBytes + kLargest)));
+
+  auto receiving = std::async(std::launch::async, [&, &receiver = receiver] {
+    constexpr size_t kPosted = 32;
+    std::vector<LocalMemory> into;
+    std::deque<PendingReceive> posted;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      while (posted.size() < kPosted && into.size() < sizes.size()) {
+        into.push_back(with_sentinel(kLargest + 1));
+        auto receive = receiver->post_receive(into.back());
+        if (!receive.ok()) return "posting receive " + receive.status().to_string();
+        posted.push_back(std::move(receive).value());
+      }
+      auto size = posted.front().wait(kTimeout);
+      posted.pop_front();
+      const std::string which =
+          "message " + std::to_string(i) + " of " + std::to_string(sizes[i]) + " bytes: ";
+      if (!size.ok()) return which + size.status().to_string();
+      if (*size != sizes[i]) return which + "came with " + std::to_string(*size) + " bytes";
+      if (auto bad = find_mismatch(into[i].span().first(*size), 1000 + i)) {
+        return which + "differs at byte " + std::to_string(*bad);
+      }
+      if (find_not(into[i].span().subspan(*size), kSentinel)) return which + "wrote past its end";
+    }
+    return std::string();
+  });
+  std::deque<PendingSend> sending;
+  std::deque<LocalMemory> messages;  // each stays valid while its send is posted
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sending.size() == 16) {
+      ASSERT_TRUE(sending.front().wait(kTimeout).ok()) << "message " << i - 16;
+      sending.pop_front();
+      messages.pop_front();
+    }
+    messages.push_back(sizes[i] ? with_pattern(sizes[i], 1000 + i) : LocalMemory());
+    auto posted = sender->post_send(messages.back());
+    ASSERT_TRUE(posted.ok()) << "message " << i << ": " << posted.status().to_string();
+    sending.push_back(std::move(posted).value());
+  }
+  for (PendingSend& s : sending)
+    EXPECT_TRUE(s.wait(kTimeout).ok());
+  EXPECT_EQ(receiving.get(), "");
+}
+
 TEST_P(ConformanceTest, EndpointPostedSendsFromOneThreadLandInTheOrderPosted) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
