@@ -1490,7 +1490,14 @@ class EndpointImpl {
   bool await(FutexLock& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set once this thread spins
     auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
-    if (has_deferred_.load() && !ready()) {  // what we wait for may depend on it
+    // What we wait for may depend on the credits held back: they go before
+    // the wait, unless frames wait in the shared ring, which may hold it
+    // already, and this thread is to read them. Then it takes those first,
+    // and sends the credits once a look finds nothing (lead()) or they are
+    // as many as the peer holds (wait_receive): a receiver behind a fast
+    // sender sends one frame of credits every eight 4 KiB messages of a
+    // stream, not one a message.
+    if (has_deferred_.load() && !ready() && !(shm_ && may_lead() && shm_->has_incoming())) {
       lock.unlock();
       flush().ignore();  // a failure breaks the endpoint: ready() says so
       lock.lock();
@@ -1569,6 +1576,11 @@ class EndpointImpl {
       }
       if (progressed) {
         spin_until = Deadline::min();  // spin afresh
+        continue;
+      }
+      // Nothing came: the peer may wait for the credits held back (await).
+      if (has_deferred_.load()) {
+        flush().ignore();  // a failure breaks the endpoint: the next pump tells
         continue;
       }
       if (spin_until == Deadline::min()) spin_until = std::min(deadline.get(), now + busy_poll_);
