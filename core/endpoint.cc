@@ -47,6 +47,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/copy.h"
 #include "common/futex_mutex.h"
 #include "common/log.h"
 #include "common/ring_queue.h"
@@ -1940,7 +1941,7 @@ class EndpointImpl {
     // kSent, kSentInline: the status stays OK, as every receive starts.
     if (type == Frame::kSentInline) {
       // Under the lock: the receive has not returned, so `into` is valid.
-      if (size > 0) std::memcpy(receive.into.data(), data.data(), size);
+      if (size > 0) copy_received(receive.into.data(), data.data(), size);
     } else if (type == Frame::kTooLarge) {
       receive.status = InvalidArgument("the peer's message of " + std::to_string(size) +
                                        " bytes does not fit this receive");
@@ -1974,7 +1975,7 @@ class EndpointImpl {
     // Under the lock: the receive has not returned, nor been abandoned
     // (abandon_receive marks it under the lock), so `into` is valid.
     if (!receive.abandoned) {
-      std::memcpy(receive.into.data() + receive.parts_came, data.data(), data.size());
+      copy_received(receive.into.data() + receive.parts_came, data.data(), data.size());
     }
     receive.parts_came += data.size();
     if (receive.parts_came < size) return Status::Ok();
