@@ -61,8 +61,10 @@ bool register_for_asymmetric_fences() {
 // among the reserved no-ops, so a CPU without it ignores it; it is issued
 // only where CPUID says the CPU has it (cpu_demotes()) all the same.
 inline void demote_line(const void* at) {
-#if defined(__x86_64__)
-  asm volatile("cldemote %0" : : "m"(*static_cast<const char*>(at)));
+#if defined(__x86_64__) && defined(__LP64__)
+  // `cldemote (%rax)` spelled as bytes (0F 1C /0), for assemblers older
+  // than the mnemonic.
+  asm volatile(".byte 0x0f, 0x1c, 0x00" : : "a"(at) : "memory");
 #else
   (void)at;
 #endif
@@ -70,7 +72,7 @@ inline void demote_line(const void* at) {
 
 // Whether this CPU has CLDEMOTE: CPUID leaf 7, ECX bit 25.
 bool cpu_demotes() {
-#if defined(__x86_64__)
+#if defined(__x86_64__) && defined(__LP64__)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
   return ((ecx >> 25) & 1) != 0;

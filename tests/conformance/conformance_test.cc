@@ -1126,10 +1126,6 @@ TEST_P(ConformanceTest, EndpointManyPostedReceivesEndedInAnyOrderEachGetTheirOwn
   }
 }
 
-// One thread keeps a window of posted sends, queued before any receive is
-// posted: each message lands whole in its own receive, in the order posted,
-// inline-sized and one-sided ones mixed (with and without the receive's
-// handle in its credit), also an oversize one, which fails both sides alone.
 // Through the shared-memory channel a receiver takes a message where it
 // lies in the ring, unless the ring's end cuts its frame; then it copies
 // that frame, header first. This stream places the ring's end, lap after
@@ -1215,6 +1211,10 @@ TEST_P(ConformanceTest, EndpointMessagesCutByTheRingsEndLandWhole) {
   EXPECT_EQ(receiving.get(), "");
 }
 
+// One thread keeps a window of posted sends, queued before any receive is
+// posted: each message lands whole in its own receive, in the order posted,
+// inline-sized and one-sided ones mixed (with and without the receive's
+// handle in its credit), also an oversize one, which fails both sides alone.
 TEST_P(ConformanceTest, EndpointPostedSendsFromOneThreadLandInTheOrderPosted) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
