@@ -1,0 +1,43 @@
+// copy_received (common/copy.h): sizes on both sides of 1 KiB, where it
+// switches from memcpy to the inline string move, at several offsets of
+// source and destination: it copies exactly the bytes asked for and
+// touches none around them.
+#include "common/copy.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace rdmabuf {
+namespace {
+
+TEST(CopyReceived, CopiesExactlyTheBytesAskedForOnBothSidesOfTheSwitch) {
+  constexpr size_t kGuard = 64;
+  const std::vector<size_t> sizes = {0,    1,    7,    63,   64,   1000, 1023,
+                                     1024, 1025, 2111, 2112, 4096, 4109, 8176};
+  std::vector<uint8_t> from(8192 + 2 * kGuard);
+  for (size_t i = 0; i < from.size(); ++i)
+    from[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (size_t size : sizes) {
+    for (size_t from_at : {size_t{0}, size_t{1}, size_t{13}, size_t{63}}) {
+      for (size_t to_at : {size_t{0}, size_t{5}, size_t{32}}) {
+        // The destination to_at bytes past a guard of kGuard; a guard after.
+        std::vector<uint8_t> to(kGuard + to_at + size + kGuard, 0xEE);
+        const size_t begin = kGuard + to_at;
+        copy_received(to.data() + begin, from.data() + from_at, size);
+        SCOPED_TRACE("size " + std::to_string(size) + ", source +" + std::to_string(from_at) +
+                     ", destination +" + std::to_string(to_at));
+        for (size_t i = 0; i < begin; ++i)
+          ASSERT_EQ(to[i], 0xEE) << "wrote before the destination";
+        for (size_t i = 0; i < size; ++i)
+          ASSERT_EQ(to[begin + i], from[from_at + i]) << "byte " << i;
+        for (size_t i = begin + size; i < to.size(); ++i)
+          ASSERT_EQ(to[i], 0xEE) << "wrote past the destination";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rdmabuf
