@@ -167,7 +167,7 @@ class ShmChannel {
   // fewer than `wanted` were free when last loaded.
   Result<size_t> room_for(size_t wanted);
   // Copies `piece` into the outgoing ring `offset` bytes past the tail
-  // (room checked), then makes that many bytes the reader's.
+  // (room checked); publish() then makes the bytes the reader's.
   void copy_in(std::span<const uint8_t> piece, size_t offset);
   // Makes `size` bytes written past the tail the reader's. After a small
   // write (up to kDemoteMost bytes), the lines written and the tail's are
