@@ -304,16 +304,19 @@ bool ServerConnection::send_blocking(iovec* iov, int count) {
 
 bool ServerConnection::recv_blocking(void* dst, size_t size) {
   auto* p = static_cast<uint8_t*>(dst);
+  BusyPoll poll(settings_.busy_poll);
   while (size > 0) {
     ssize_t n = ::recv(fd_.get(), p, size, MSG_DONTWAIT);
     if (n > 0) {
       p += n;
       size -= static_cast<size_t>(n);
+      poll.activity();
       continue;
     }
     if (n == 0) return false;
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    if (poll.spin()) continue;
     if (!wait(POLLIN)) return false;
   }
   return true;
