@@ -358,19 +358,11 @@ int cmd_bench(int argc, char** argv) {
   const bool run_memcpy = local_peer && backend == "memory";
   const bool run_ucx = local_peer && backend == "memory" && on_path("ucx_perftest");
   // perftest beside ibverbs, on the device and GID the backend uses.
-  std::string ib_device;
-  int ib_gid = 0;
-  for (const BackendInfo& b : manager.backends()) {
-    for (const auto& [key, value] : b.details) {
-      if (b.name != "ibverbs" || key != "using") continue;
-      ib_device = value.substr(0, value.find(' '));  // "rxe0 port 1 (...), GID[1] ..."
-      size_t g = value.find("GID[");
-      if (g != std::string::npos) ib_gid = std::atoi(value.c_str() + g + 4);
-    }
-  }
-  const bool perftest_peer = local_peer && backend == "ibverbs" && !ib_device.empty() &&
-                             on_path("ib_read_bw") && on_path("ib_write_bw") &&
-                             on_path("ib_read_lat");
+  const std::optional<IbDevice> ib = ibverbs_device(manager.backends());
+  const std::string ib_device = ib ? ib->name : "";
+  const int ib_gid = ib ? ib->gid_index : 0;
+  const bool perftest_peer = local_peer && backend == "ibverbs" && ib && on_path("ib_read_bw") &&
+                             on_path("ib_write_bw") && on_path("ib_read_lat");
 
   // Setup costs, apart from transfer figures.
   std::vector<Sample> setup;

@@ -181,6 +181,21 @@ Result<double> parse_perftest(const std::string& test, const std::string& output
   return figure;
 }
 
+std::optional<IbDevice> ibverbs_device(const std::vector<BackendInfo>& backends) {
+  for (const BackendInfo& b : backends) {
+    if (b.name != "ibverbs") continue;
+    for (const auto& [key, value] : b.details) {
+      if (key != "using") continue;
+      IbDevice device;
+      device.name = value.substr(0, value.find(' '));  // "rxe0 port 1 (...), GID[1] ..."
+      const size_t g = value.find("GID[");
+      if (g != std::string::npos) device.gid_index = std::atoi(value.c_str() + g + 4);
+      if (!device.name.empty()) return device;
+    }
+  }
+  return std::nullopt;
+}
+
 Result<double> run_perftest(const std::string& test, const std::string& device, int gid_index,
                             uint64_t size, int iterations) {
   RDMABUF_ASSIGN_OR_RETURN(std::string port, free_port());

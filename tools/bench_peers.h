@@ -8,9 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "rdmabuf/backend.h"
 #include "rdmabuf/status.h"
 
 namespace rdmabuf::tool {
@@ -43,10 +45,19 @@ Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int i
                                    const std::string& transports);
 Result<UcxFigure> parse_ucx_perftest(const std::string& output);
 
-// perftest's `test` ("ib_read_bw", "ib_write_bw", "ib_read_lat") of `size`
-// bytes, `iterations` times, between two processes on `device` (with GID
-// index `gid_index`): GB/s for the bandwidth tests, the typical (median)
-// latency in microseconds for ib_read_lat.
+// The RDMA device and GID index the ibverbs backend of `backends` uses,
+// for perftest to use the same; nullopt when it has none.
+struct IbDevice {
+  std::string name;  // "rxe0"
+  int gid_index = 0;
+};
+std::optional<IbDevice> ibverbs_device(const std::vector<BackendInfo>& backends);
+
+// perftest's `test` ("ib_read_bw", "ib_write_bw", "ib_send_bw", "ib_read_lat",
+// "ib_send_lat") of `size` bytes, `iterations` times, between two processes
+// on `device` (with GID index `gid_index`): GB/s for the bandwidth tests,
+// the typical (median) latency in microseconds for the latency tests (a
+// read's round trip for ib_read_lat, half a round trip for ib_send_lat).
 Result<double> run_perftest(const std::string& test, const std::string& device, int gid_index,
                             uint64_t size, int iterations);
 // `output` of a perftest client; bandwidth tests run with --report_gbits.

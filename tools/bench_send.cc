@@ -1,6 +1,7 @@
 // rdmabuf bench --op send: two-sided messages over an Endpoint, beside UCX's
 // tagged messages (ucx_perftest -t tag_lat / tag_bw) over the same
-// transport, in the same run.
+// transport, in the same run; over ibverbs beside perftest's two-sided
+// verbs (ib_send_lat / ib_send_bw; see MessagePeer).
 //
 // Method: the peer is `rdmabuf serve --endpoint` in another process, with
 // the same single backend, reached by two endpoints: one for latency, one
@@ -16,7 +17,7 @@
 // window of sends in flight, repeated --iters times: the median.
 //
 // Both run in --rounds rounds (3). In a round, each size is measured by
-// rdmabuf and at once after by UCX, so that the two meet the same machine:
+// rdmabuf and at once after by the peer, so that the two meet the same machine:
 // here the time a cache line takes between the two cores moves by up to
 // five times from one minute to the next. Each figure is the median over
 // the rounds, and the table shows the lowest and highest of the rounds'
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -138,6 +140,74 @@ Result<double> stream(Endpoint& endpoint, uint64_t size, int count, int window) 
 
 }  // namespace
 
+// The system measured beside rdmabuf's messages over `backend`, on the same
+// transport: UCX's tagged messages over TCP or shared memory; over ibverbs
+// perftest's two-sided verbs (ib_send_lat / ib_send_bw) on the device the
+// backend uses. (UCX over rc_verbs needs a second transport, ud_verbs, to
+// set its connections up; on Soft-RoCE that one timed out, so UCX has no
+// figure there.)
+struct MessagePeer {
+  std::string name;     // in the table: "UCX tcp", "perftest"
+  std::string program;  // what runs: "ucx_perftest", "perftest"
+  std::string latency_test, bandwidth_test;
+  int latency_iterations = kWarmupTrips;
+  // Bandwidth: messages per run, at most as many as rdmabuf sends (`count`).
+  std::function<int(uint64_t size, int count)> bandwidth_iterations = [](uint64_t, int count) {
+    return count;
+  };
+  std::string why_not;  // why it does not run here; empty when it does
+  std::string note;     // printed under the table when it runs
+  std::function<Result<UcxFigure>(const std::string& test, uint64_t size, int iterations)> run;
+};
+
+MessagePeer message_peer(const std::string& backend, const std::vector<BackendInfo>& backends) {
+  MessagePeer peer;
+  if (backend == "ibverbs") {
+    const std::optional<IbDevice> device = ibverbs_device(backends);
+    peer.name = peer.program = "perftest";
+    peer.latency_test = "ib_send_lat";
+    peer.bandwidth_test = "ib_send_bw";
+    // As beside the one-sided ops: few, since Soft-RoCE moves tens of MB/s.
+    peer.latency_iterations = 1000;
+    peer.bandwidth_iterations = [](uint64_t size, int) {
+      return static_cast<int>(std::clamp<uint64_t>((16u << 20) / size, 20, 1000));
+    };
+    if (!device) peer.why_not = "has no RDMA device in use";
+    if (!on_path("ib_send_lat") || !on_path("ib_send_bw")) {
+      peer.why_not = "not found: install perftest to see it beside rdmabuf";
+    }
+    peer.note =
+        "perftest: raw verbs SEND/RECV at its default queue depth; rdmabuf's messages of\n"
+        "up to 4 KiB travel in frames over TCP, larger ones by RDMA WRITE (docs/performance.md)";
+    if (device) {
+      peer.run = [device = *device](const std::string& test, uint64_t size,
+                                    int iterations) -> Result<UcxFigure> {
+        RDMABUF_ASSIGN_OR_RETURN(
+            double figure, run_perftest(test, device.name, device.gid_index, size, iterations));
+        UcxFigure f;
+        (test.find("_lat") != std::string::npos ? f.p50_us : f.gbps) = figure;
+        return f;
+      };
+    }
+    return peer;
+  }
+  // UCX over the same transport: TCP beside tcp, shared memory beside memory.
+  const std::string tls = backend == "tcp"      ? "tcp,self"
+                          : backend == "memory" ? "posix,sysv,self"
+                                                : "";
+  peer.name = backend == "tcp" ? "UCX tcp" : "UCX shm";
+  peer.program = "ucx_perftest";
+  peer.latency_test = "tag_lat";
+  peer.bandwidth_test = "tag_bw";
+  if (!on_path("ucx_perftest"))
+    peer.why_not = "not found: install ucx-utils to see UCX beside rdmabuf";
+  if (tls.empty()) peer.why_not = "has no transport like " + backend;
+  peer.run = [tls](const std::string& test, uint64_t size, int iterations) {
+    return run_ucx_perftest(test, size, iterations, tls);
+  };
+  return peer;
+}
+
 int cmd_bench_send(int argc, char** argv) {
   auto parsed = parse_send_options(argc, argv);
   if (!parsed.ok()) return fail(parsed.status());
@@ -155,11 +225,8 @@ int cmd_bench_send(int argc, char** argv) {
     if (b.viable && backend.empty()) backend = b.name;
   }
   if (backend.empty()) return fail(FailedPrecondition("no viable backend"));
-  // UCX over the same transport: TCP beside tcp, shared memory beside memory.
-  const std::string ucx_tls = backend == "tcp"      ? "tcp,self"
-                              : backend == "memory" ? "posix,sysv,self"
-                                                    : "";
-  const bool run_ucx = o.compare_peer && !ucx_tls.empty() && on_path("ucx_perftest");
+  const MessagePeer peer_system = message_peer(backend, (*manager)->backends());
+  const bool run_peer_system = o.compare_peer && peer_system.why_not.empty();
 
   uint64_t max_size = 4096;
   for (uint64_t s : o.sizes)
@@ -192,23 +259,24 @@ int cmd_bench_send(int argc, char** argv) {
   Endpoint& sink = **for_bandwidth;
 
   const std::string system = "rdmabuf " + backend;
-  const std::string ucx = backend == "tcp" ? "UCX tcp" : "UCX shm";
+  const std::string& peer_name = peer_system.name;
   Progress progress(o.rounds * static_cast<int>(o.latency_sizes.size() + o.sizes.size()) *
-                    (run_ucx ? 2 : 1));
-  // UCX's figure of `test` at `size`, when it runs here: none when it
+                    (run_peer_system ? 2 : 1));
+  // The peer's figure of `kind` at `size`, when it runs here: none when it
   // does not, or failed (said on stderr; the round goes on without it).
-  auto run_peer = [&](const char* test, uint64_t size, int iterations) -> std::optional<UcxFigure> {
-    if (!run_ucx) return std::nullopt;
-    progress.step(std::string("ucx_perftest ") + test + " " + format_bytes(size));
-    auto u = run_ucx_perftest(test, size, iterations, ucx_tls);
+  auto run_peer = [&](bool latency, uint64_t size, int iterations) -> std::optional<UcxFigure> {
+    if (!run_peer_system) return std::nullopt;
+    const std::string& test = latency ? peer_system.latency_test : peer_system.bandwidth_test;
+    progress.step(peer_system.program + " " + test + " " + format_bytes(size));
+    auto u = peer_system.run(test, size, iterations);
     if (!u.ok()) {
-      std::fprintf(stderr, "rdmabuf bench: ucx_perftest %s: %s\n", test,
+      std::fprintf(stderr, "rdmabuf bench: %s %s: %s\n", peer_system.program.c_str(), test.c_str(),
                    u.status().to_string().c_str());
       return std::nullopt;
     }
     return *u;
   };
-  // One round: every size by rdmabuf, each followed at once by UCX's.
+  // One round: every size by rdmabuf, each followed at once by the peer's.
   auto run_round = [&](std::vector<Figure>& out) -> Status {
     for (uint64_t size : o.latency_sizes) {
       progress.step("latency: " + format_bytes(size));
@@ -219,11 +287,11 @@ int cmd_bench_send(int argc, char** argv) {
       f.p50_us = percentile(trips, 50);
       f.p99_us = percentile(trips, 99);
       out.push_back(f);
-      auto u = run_peer("tag_lat", size, kWarmupTrips);
+      auto u = run_peer(true, size, peer_system.latency_iterations);
       if (!u) continue;
-      Figure g = Figure::of(ucx, "latency", "send", size);
+      Figure g = Figure::of(peer_name, "latency", "send", size);
       g.p50_us = u->p50_us;
-      g.note = "tag_lat: half a round trip";
+      g.note = peer_system.latency_test + ": half a round trip";
       out.push_back(g);
     }
     for (uint64_t size : o.sizes) {
@@ -238,16 +306,16 @@ int cmd_bench_send(int argc, char** argv) {
       f.note = "frames: " + sink.channel();
       f.gbps = percentile(gbps, 50);
       out.push_back(f);
-      auto u = run_peer("tag_bw", size, count);
+      auto u = run_peer(false, size, peer_system.bandwidth_iterations(size, count));
       if (!u) continue;
-      Figure g = Figure::of(ucx, "bandwidth", "send", size);
+      Figure g = Figure::of(peer_name, "bandwidth", "send", size);
       g.gbps = u->gbps;
       out.push_back(g);
     }
     return Status::Ok();
   };
 
-  const std::map<std::string, std::vector<std::string>> peers = {{backend, {ucx}}};
+  const std::map<std::string, std::vector<std::string>> peers = {{backend, {peer_name}}};
   std::vector<Figure> runs;
   // The lowest and highest of the rounds' own ratios, by (kind, size).
   std::map<std::pair<std::string, uint64_t>, std::pair<double, double>> round_speedups;
@@ -283,7 +351,7 @@ int cmd_bench_send(int argc, char** argv) {
       "rdmabuf bench --op send: Endpoint messages over %s (frames: %s), peer %s process %d\n\n",
       backend.c_str(), endpoint.channel().c_str(), "local", peer->pid());
   std::printf("%-9s %-9s %12s %12s  %-10s %12s %8s  %s\n", "measure", "size", "rdmabuf", "p99",
-              ucx.c_str(), "", "x", "x by round");
+              peer_name.c_str(), "", "x", "x by round");
   for (const Figure& f : figures) {
     if (f.system != system) continue;
     const bool latency = f.kind == "latency";
@@ -311,16 +379,16 @@ int cmd_bench_send(int argc, char** argv) {
     std::printf("\n");
   }
   std::printf(
-      "\nlatency: one message, half its ping-pong round trip (as tag_lat reports), p50 and p99;\n"
+      "\nlatency: one message, half its ping-pong round trip (as %s reports), p50 and p99;\n"
       "bandwidth: messages sent back to back, %d posted at once by one thread, median of %d "
       "runs;\n"
-      "each figure: the median of %d rounds, in each of which UCX ran right after rdmabuf;\n"
+      "each figure: the median of %d rounds, in each of which %s ran right after rdmabuf;\n"
       "x: how many times faster rdmabuf is (above 1: faster), from those medians; x by round:\n"
       "the lowest and highest of the rounds' own ratios. GB/s = 1e9 bytes/s.\n",
-      o.window, o.iters, o.rounds);
-  if (!run_ucx && o.compare_peer) {
-    std::printf("(ucx_perftest %s: install ucx-utils to see UCX beside rdmabuf)\n",
-                ucx_tls.empty() ? "has no transport like this one" : "not found");
+      peer_system.latency_test.c_str(), o.window, o.iters, o.rounds, peer_system.name.c_str());
+  if (run_peer_system && !peer_system.note.empty()) std::printf("%s\n", peer_system.note.c_str());
+  if (!run_peer_system && o.compare_peer) {
+    std::printf("(%s %s)\n", peer_system.program.c_str(), peer_system.why_not.c_str());
   }
   return kExitOk;
 }

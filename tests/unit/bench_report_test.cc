@@ -91,6 +91,40 @@ TEST(BenchPeers, PerftestBandwidthAndLatency) {
   EXPECT_FALSE(parse_perftest("ib_read_bw", " Couldn't connect to 127.0.0.1:18515\n").ok());
 }
 
+// ib_send_lat's table, as it printed it in the Soft-RoCE VM: half a round
+// trip's typical time, the figure beside an endpoint message's one way.
+TEST(BenchPeers, PerftestSendLatency) {
+  const std::string lat =
+      " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+      "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n"
+      " 8       2000          9.65           157.89       10.50    \t       11.52       \t5.88   "
+      "\t\t34.24   \t\t144.33 \n";
+  auto us = parse_perftest("ib_send_lat", lat);
+  ASSERT_TRUE(us.ok()) << us.status().to_string();
+  EXPECT_DOUBLE_EQ(*us, 10.5);
+}
+
+// perftest runs on the device and GID index the ibverbs backend reports it
+// uses; no ibverbs backend (or no device in use) gives none.
+TEST(BenchPeers, IbverbsDeviceFromTheBackendsDetails) {
+  BackendInfo tcp;
+  tcp.name = "tcp";
+  tcp.details = {{"using", "lo"}};
+  BackendInfo ibverbs;
+  ibverbs.name = "ibverbs";
+  ibverbs.details = {{"devices", "rxe0"},
+                     {"using",
+                      "rxe0 port 1 (RoCE, active, MTU 1024), GID[1] ::ffff:10.0.2.15 "
+                      "(RoCE v2)"}};
+  auto device = ibverbs_device({tcp, ibverbs});
+  ASSERT_TRUE(device.has_value());
+  EXPECT_EQ(device->name, "rxe0");
+  EXPECT_EQ(device->gid_index, 1);
+  EXPECT_FALSE(ibverbs_device({tcp}).has_value());
+  ibverbs.details = {{"devices", "(none)"}};
+  EXPECT_FALSE(ibverbs_device({tcp, ibverbs}).has_value());
+}
+
 TEST(BenchReport, FlatJsonObject) {
   auto row = parse_flat_json_object(
       R"({"system":"rdmabuf","op":"read","size":4096,"gbps":1.5e0,"note":"a \"b\" \\ \u0041"})");
