@@ -36,8 +36,11 @@ struct Config {
   bool allow_tcp_fallback = true;
 
   // RDMABUF_TCP_STREAMS. Connections opened to each peer; large ops are cut
-  // into chunks spread over them. 1..64.
-  int tcp_streams = 2;
+  // into chunks spread over them. 1..64. Four: with two, streamed 1 MiB
+  // endpoint messages over loopback ran at one of two speeds, with where
+  // the scheduler put the four threads moving the bytes on two cores
+  // (docs/performance.md); four spread the copies more evenly.
+  int tcp_streams = 4;
 
   // RDMABUF_CHUNK_SIZE (accepts K/M/G suffixes). Ops larger than this are cut
   // into chunks of this size, each an independent request. 4 KiB..1 GiB.
