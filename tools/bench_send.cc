@@ -138,8 +138,6 @@ Result<double> stream(Endpoint& endpoint, uint64_t size, int count, int window) 
   return static_cast<double>(size) * count / (micros_since(start) * 1e3);
 }
 
-}  // namespace
-
 // The system measured beside rdmabuf's messages over `backend`, on the same
 // transport: UCX's tagged messages over TCP or shared memory; over ibverbs
 // perftest's two-sided verbs (ib_send_lat / ib_send_bw) on the device the
@@ -177,8 +175,9 @@ MessagePeer message_peer(const std::string& backend, const std::vector<BackendIn
       peer.why_not = "not found: install perftest to see it beside rdmabuf";
     }
     peer.note =
-        "perftest: raw verbs SEND/RECV at its default queue depth; rdmabuf's messages of\n"
-        "up to 4 KiB travel in frames over TCP, larger ones by RDMA WRITE (docs/performance.md)";
+        "perftest: raw verbs SEND/RECV (ib_send_bw at its default queue depth); rdmabuf's\n"
+        "messages of up to 4 KiB travel in frames over TCP, larger ones by RDMA WRITE\n"
+        "(docs/performance.md)";
     if (device) {
       peer.run = [device = *device](const std::string& test, uint64_t size,
                                     int iterations) -> Result<UcxFigure> {
@@ -207,6 +206,8 @@ MessagePeer message_peer(const std::string& backend, const std::vector<BackendIn
   };
   return peer;
 }
+
+}  // namespace
 
 int cmd_bench_send(int argc, char** argv) {
   auto parsed = parse_send_options(argc, argv);
@@ -381,14 +382,21 @@ int cmd_bench_send(int argc, char** argv) {
   std::printf(
       "\nlatency: one message, half its ping-pong round trip (as %s reports), p50 and p99;\n"
       "bandwidth: messages sent back to back, %d posted at once by one thread, median of %d "
-      "runs;\n"
-      "each figure: the median of %d rounds, in each of which %s ran right after rdmabuf;\n"
-      "x: how many times faster rdmabuf is (above 1: faster), from those medians; x by round:\n"
-      "the lowest and highest of the rounds' own ratios. GB/s = 1e9 bytes/s.\n",
-      peer_system.latency_test.c_str(), o.window, o.iters, o.rounds, peer_system.name.c_str());
-  if (run_peer_system && !peer_system.note.empty()) std::printf("%s\n", peer_system.note.c_str());
-  if (!run_peer_system && o.compare_peer) {
-    std::printf("(%s %s)\n", peer_system.program.c_str(), peer_system.why_not.c_str());
+      "runs;\n",
+      peer_system.latency_test.c_str(), o.window, o.iters);
+  if (run_peer_system) {
+    std::printf(
+        "each figure: the median of %d rounds, in each of which %s ran right after rdmabuf;\n"
+        "x: how many times faster rdmabuf is (above 1: faster), from those medians; x by "
+        "round:\n"
+        "the lowest and highest of the rounds' own ratios. GB/s = 1e9 bytes/s.\n",
+        o.rounds, peer_system.name.c_str());
+    if (!peer_system.note.empty()) std::printf("%s\n", peer_system.note.c_str());
+  } else {
+    std::printf("each figure: the median of %d rounds. GB/s = 1e9 bytes/s.\n", o.rounds);
+    if (o.compare_peer) {
+      std::printf("(%s %s)\n", peer_system.program.c_str(), peer_system.why_not.c_str());
+    }
   }
   return kExitOk;
 }

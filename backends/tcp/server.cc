@@ -316,6 +316,9 @@ bool ServerConnection::recv_blocking(void* dst, size_t size) {
     if (n == 0) return false;
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    // Shutdown reaches wait() through stop_fd; a peer that trickles its
+    // bytes would keep the spin from ever getting there.
+    if (settings_.stopping->load(std::memory_order_acquire)) return false;
     if (poll.spin()) continue;
     if (!wait(POLLIN)) return false;
   }

@@ -56,14 +56,15 @@ class ServerConnection final : public PinAbort {
   // covers them may change.
   bool flush();
   // Send or receive all of it, waiting for the socket up to the stall
-  // timeout; false when the connection is gone, stalled or stopping.
+  // timeout at a time without progress; false when the connection is gone,
+  // stalled or stopping.
   bool send_blocking(iovec* iov, int count);
   // A write's payload: between two segments the receive spins for
   // busy_poll before it sleeps, since the next one is microseconds away.
   // Asleep, every segment cost the writer a wakeup of this thread (a
   // cross-core interrupt, dear in a VM): one stream's 1 MiB messages moved
-  // 6.5 GB/s, spinning 8.3 (docs/performance.md). Sends still sleep at
-  // once: spinning there gained nothing.
+  // 6.1-7.0 GB/s, spinning 7.8-8.9 (docs/performance.md). Sends still
+  // sleep at once: spinning there gained nothing.
   bool recv_blocking(void* dst, size_t size);
   bool discard_blocking(size_t size);
   bool wait(short events);

@@ -36,10 +36,9 @@ struct Config {
   bool allow_tcp_fallback = true;
 
   // RDMABUF_TCP_STREAMS. Connections opened to each peer; large ops are cut
-  // into chunks spread over them. 1..64. Four: with two, streamed 1 MiB
-  // endpoint messages over loopback ran at one of two speeds, with where
-  // the scheduler put the four threads moving the bytes on two cores
-  // (docs/performance.md); four spread the copies more evenly.
+  // into chunks spread over them. 1..64. Four: on a 2-core loopback host,
+  // two streams' 1 MiB throughput depended on where the scheduler put
+  // their threads; four were faster and steadier (docs/performance.md).
   int tcp_streams = 4;
 
   // RDMABUF_CHUNK_SIZE (accepts K/M/G suffixes). Ops larger than this are cut

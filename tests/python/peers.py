@@ -122,11 +122,11 @@ def configure_main(conn: Any) -> None:
         results["in_use"] = rdmabuf.config()
         results["buffer_backends"] = buf.backends
         try:
-            rdmabuf.configure(tcp_streams=4)
+            rdmabuf.configure(tcp_streams=5)
         except rdmabuf.FailedPreconditionError:
             results["too_late"] = "FailedPreconditionError"
         rdmabuf.shutdown()
-        results["after_shutdown"] = rdmabuf.configure(tcp_streams=4).tcp_streams
+        results["after_shutdown"] = rdmabuf.configure(tcp_streams=5).tcp_streams
         results["new_manager"] = rdmabuf.config().tcp_streams
         conn.send(results)
     except Exception:

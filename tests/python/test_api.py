@@ -632,7 +632,7 @@ def test_configure_before_first_use(spawn: Any) -> None:
             ("tcp",), 3, 512 * 1024, 1234), key
     assert out["buffer_backends"] == ["tcp"]
     assert out["too_late"] == "FailedPreconditionError"
-    assert out["after_shutdown"] == 4 and out["new_manager"] == 4
+    assert out["after_shutdown"] == 5 and out["new_manager"] == 5
 
 
 def test_forked_child_gets_its_own_manager() -> None:

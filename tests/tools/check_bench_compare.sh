@@ -28,7 +28,10 @@ cmp -s "$out.table" "$out/table.txt" || { echo "FAIL: table.txt is not the print
 # installed yet unable to run in a given sandbox (shared memory, ports); then
 # it must be listed as not measured, with the reason.
 expected_peers=(memcpy)
-command -v iperf3 >/dev/null && expected_peers+=("iperf3 -P 2")
+# iperf3 runs with as many streams as rdmabuf's tcp backend uses.
+streams=$("$tool" info | awk '$1 == "tcp_streams" { print $2 }')
+[ -n "$streams" ] || { echo "FAIL: rdmabuf info shows no tcp_streams" >&2; exit 1; }
+command -v iperf3 >/dev/null && expected_peers+=("iperf3 -P $streams")
 command -v qperf >/dev/null && expected_peers+=(qperf)
 reported_peers=()
 command -v ucx_perftest >/dev/null && reported_peers+=("UCX tcp" "UCX shm")

@@ -112,7 +112,7 @@ TEST(BenchPeers, IbverbsDeviceFromTheBackendsDetails) {
   tcp.details = {{"using", "lo"}};
   BackendInfo ibverbs;
   ibverbs.name = "ibverbs";
-  ibverbs.details = {{"devices", "rxe0"},
+  ibverbs.details = {{"device", "rxe0"},
                      {"using",
                       "rxe0 port 1 (RoCE, active, MTU 1024), GID[1] ::ffff:10.0.2.15 "
                       "(RoCE v2)"}};
@@ -121,7 +121,7 @@ TEST(BenchPeers, IbverbsDeviceFromTheBackendsDetails) {
   EXPECT_EQ(device->name, "rxe0");
   EXPECT_EQ(device->gid_index, 1);
   EXPECT_FALSE(ibverbs_device({tcp}).has_value());
-  ibverbs.details = {{"devices", "(none)"}};
+  ibverbs.details = {{"device", "rxe0"}};
   EXPECT_FALSE(ibverbs_device({tcp, ibverbs}).has_value());
 }
 
