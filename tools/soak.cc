@@ -323,8 +323,13 @@ Result<std::vector<std::string>> choose_backends(const Options& o) {
 }
 
 // How the owner and the clients are started. Under AddressSanitizer, with
-// its quarantine off: the quarantine holds on to freed memory (up to
-// 256 MiB by default), which the soak would see as RSS growing. The other
+// its quarantine off, and its allocator giving freed memory back to the
+// system every 100 ms: the quarantine holds on to freed memory (up to
+// 256 MiB by default), and the allocator keeps what each size class ever
+// held, so that RSS is the high-water mark of the random op sizes in
+// flight. The soak would see either as RSS growing: a client over tcp went
+// from 103 to 121 MiB in 8 s (2 runs of 6 past the limit), where the plain
+// build stays within 0.2 MiB, and with the release 96.5 to 97.7. The other
 // checks, and the rest of ASAN_OPTIONS, stay in effect.
 Child::Options child_options() {
   Child::Options options;
@@ -332,7 +337,8 @@ Child::Options child_options() {
   const char* asan = std::getenv("ASAN_OPTIONS");
   options.env.emplace_back("ASAN_OPTIONS",
                            std::string(asan && *asan ? asan + std::string(":") : "") +
-                               "quarantine_size_mb=0:thread_local_quarantine_size_kb=0");
+                               "quarantine_size_mb=0:thread_local_quarantine_size_kb=0:"
+                               "allocator_release_to_os_interval_ms=100");
 #endif
   return options;
 }
