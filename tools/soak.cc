@@ -123,6 +123,17 @@ using Fields = std::map<std::string, std::string>;
 // not grow at all.
 constexpr double kRssGrowthFraction = 0.10;
 constexpr uint64_t kRssGrowthSlackKib = 8 << 10;
+// Under AddressSanitizer RSS tells no leak: its allocator keeps memory it
+// was given back, so RSS follows the high-water mark of the random op
+// sizes in flight (a client over tcp: 103 to 121 MiB in 8 s, past the
+// limit in 5 runs of 12; the plain build's clients within 0.2 MiB). Its
+// LeakSanitizer, which CI runs, reports leaks when the soak's processes
+// exit instead. fds and threads are checked either way.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssTellsLeaks = false;
+#else
+constexpr bool kRssTellsLeaks = true;
+#endif
 // Clients stop submitting after --seconds; those that have not drained by
 // then plus this (more than an op's deadline and a client's own hang check)
 // are hung.
@@ -273,7 +284,7 @@ void check_growth(const std::string& who, const Usage& start, const Usage& end,
       start.rss_kib +
       static_cast<uint64_t>(static_cast<double>(start.rss_kib) * kRssGrowthFraction) +
       kRssGrowthSlackKib;
-  if (end.rss_kib > limit) {
+  if (kRssTellsLeaks && end.rss_kib > limit) {
     failures->push_back(who + " RSS grew from " + mib(start.rss_kib) + " to " + mib(end.rss_kib) +
                         " (limit " + mib(limit) + ")");
   }
@@ -323,22 +334,16 @@ Result<std::vector<std::string>> choose_backends(const Options& o) {
 }
 
 // How the owner and the clients are started. Under AddressSanitizer, with
-// its quarantine off, and its allocator giving freed memory back to the
-// system every 100 ms: the quarantine holds on to freed memory (up to
-// 256 MiB by default), and the allocator keeps what each size class ever
-// held, so that RSS is the high-water mark of the random op sizes in
-// flight. The soak would see either as RSS growing: a client over tcp went
-// from 103 to 121 MiB in 8 s (2 runs of 6 past the limit), where the plain
-// build stays within 0.2 MiB, and with the release 96.5 to 97.7. The other
-// checks, and the rest of ASAN_OPTIONS, stay in effect.
+// its quarantine off: the quarantine holds on to freed memory (up to
+// 256 MiB by default), which would make the processes' memory balloon. The
+// other checks, and the rest of ASAN_OPTIONS, stay in effect.
 Child::Options child_options() {
   Child::Options options;
 #if defined(__SANITIZE_ADDRESS__)
   const char* asan = std::getenv("ASAN_OPTIONS");
   options.env.emplace_back("ASAN_OPTIONS",
                            std::string(asan && *asan ? asan + std::string(":") : "") +
-                               "quarantine_size_mb=0:thread_local_quarantine_size_kb=0:"
-                               "allocator_release_to_os_interval_ms=100");
+                               "quarantine_size_mb=0:thread_local_quarantine_size_kb=0");
 #endif
   return options;
 }
@@ -581,10 +586,11 @@ int cmd_soak(int argc, char** argv) {
                errors, mismatches);
   std::fprintf(out,
                "  owner     RSS %s after %.0f s of warm-up, %s at the end (peak %s; limit +%.0f%% "
-               "+ %s)\n",
+               "+ %s%s)\n",
                mib(start.rss_kib).c_str(), warm_at_s, mib(end.rss_kib).c_str(),
                mib(owner_rss_peak).c_str(), kRssGrowthFraction * 100,
-               mib(kRssGrowthSlackKib).c_str());
+               mib(kRssGrowthSlackKib).c_str(),
+               kRssTellsLeaks ? "" : ", not checked under AddressSanitizer");
   std::fprintf(out,
                "            fds %" PRIu64 " -> %" PRIu64 ", threads %" PRIu64 " -> %" PRIu64
                "; fds %" PRIu64 " before the clients came, %" PRIu64 " after they left\n",
