@@ -359,8 +359,6 @@ int cmd_bench(int argc, char** argv) {
   const bool run_ucx = local_peer && backend == "memory" && on_path("ucx_perftest");
   // perftest beside ibverbs, on the device and GID the backend uses.
   const std::optional<IbDevice> ib = ibverbs_device(manager.backends());
-  const std::string ib_device = ib ? ib->name : "";
-  const int ib_gid = ib ? ib->gid_index : 0;
   const bool perftest_peer = local_peer && backend == "ibverbs" && ib && on_path("ib_read_bw") &&
                              on_path("ib_write_bw") && on_path("ib_read_lat");
 
@@ -436,7 +434,7 @@ int cmd_bench(int argc, char** argv) {
       st = record(bench.latency(kind, size, latency_samples));
       if (!st.ok()) return fail(st);
       if (perftest_peer && kind == OpKind::kReadIntoLocal && size == 8) {
-        auto lat = run_perftest("ib_read_lat", ib_device, ib_gid, size, latency_samples);
+        auto lat = run_perftest("ib_read_lat", ib->name, ib->gid_index, size, latency_samples);
         if (lat.ok()) {
           results.back().peer = "perftest ib_read_lat";
           results.back().peer_p50_us = *lat;
@@ -472,9 +470,8 @@ int cmd_bench(int argc, char** argv) {
         // perftest reuses one buffer: beside the first layout only, once.
         if (perftest_peer && l == 0) {
           const char* test = kind == OpKind::kReadIntoLocal ? "ib_read_bw" : "ib_write_bw";
-          const int iterations =
-              static_cast<int>(std::clamp<uint64_t>((16u << 20) / s.size, 20, 1000));
-          auto bw = run_perftest(test, ib_device, ib_gid, s.size, iterations);
+          auto bw = run_perftest(test, ib->name, ib->gid_index, s.size,
+                                 perftest_bandwidth_iterations(s.size));
           if (bw.ok()) {
             s.peer = std::string("perftest ") + test;
             s.peer_gbps = *bw;

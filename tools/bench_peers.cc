@@ -196,6 +196,10 @@ std::optional<IbDevice> ibverbs_device(const std::vector<BackendInfo>& backends)
   return std::nullopt;
 }
 
+int perftest_bandwidth_iterations(uint64_t size) {
+  return static_cast<int>(std::clamp<uint64_t>((16u << 20) / size, 20, 1000));
+}
+
 Result<double> run_perftest(const std::string& test, const std::string& device, int gid_index,
                             uint64_t size, int iterations) {
   RDMABUF_ASSIGN_OR_RETURN(std::string port, free_port());

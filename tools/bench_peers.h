@@ -60,6 +60,9 @@ std::optional<IbDevice> ibverbs_device(const std::vector<BackendInfo>& backends)
 // read's round trip for ib_read_lat, half a round trip for ib_send_lat).
 Result<double> run_perftest(const std::string& test, const std::string& device, int gid_index,
                             uint64_t size, int iterations);
+// Iterations of a perftest bandwidth test of `size`-byte messages: 16 MiB
+// in all, 20 to 1000 of them (Soft-RoCE moves tens of MB/s).
+int perftest_bandwidth_iterations(uint64_t size);
 // `output` of a perftest client; bandwidth tests run with --report_gbits.
 Result<double> parse_perftest(const std::string& test, const std::string& output);
 

@@ -168,7 +168,7 @@ MessagePeer message_peer(const std::string& backend, const std::vector<BackendIn
     // As beside the one-sided ops: few, since Soft-RoCE moves tens of MB/s.
     peer.latency_iterations = 1000;
     peer.bandwidth_iterations = [](uint64_t size, int) {
-      return static_cast<int>(std::clamp<uint64_t>((16u << 20) / size, 20, 1000));
+      return perftest_bandwidth_iterations(size);
     };
     if (!device) peer.why_not = "has no RDMA device in use";
     if (!on_path("ib_send_lat") || !on_path("ib_send_bw")) {
