@@ -263,6 +263,10 @@ void Backend::serve_connection(int fd, uint64_t /*peer_manager_id*/) {
   ::close(fd);
 }
 
+Result<std::unique_ptr<MessageChannel>> Backend::open_message_channel() {
+  return FailedPrecondition("the " + std::string(name()) + " backend carries no messages");
+}
+
 const char* transport_level_name(TransportLevel level) {
   switch (level) {
     case TransportLevel::kTcp:

@@ -63,7 +63,7 @@ namespace rdmabuf {
 namespace {
 
 constexpr uint32_t kMagic = 0x50454252;  // "RBEP"
-constexpr uint16_t kVersion = 3;         // 2: the channel offer; 3: messages in parts
+constexpr uint16_t kVersion = 4;  // 2: the channel offer; 3: messages in parts; 4: RDMA channels
 // Messages up to this size travel inside the control frame (one frame, no
 // one-sided write): small messages cost one trip, not three.
 constexpr uint64_t kInlineLimit = 4096;
@@ -91,6 +91,10 @@ constexpr uint64_t kShmStreamLimit = 64 * 1024;
 // stream's writes side by side: streamed 64 KiB messages moved 15.8 GB/s
 // so against the rings' 12.3, 32 KiB 10.5 against 10.0.
 constexpr uint64_t kShmStreamingLimit = 32 * 1024;
+// Over an RDMA channel, messages up to this size travel in parts (SENDs):
+// larger ones by a one-sided RDMA WRITE into the receive, which is
+// registered for it.
+constexpr uint64_t kRdmaStreamLimit = 64 * 1024;
 // Over a TCP channel, messages up to this size travel in parts when a
 // one-sided write would go over TCP anyway (no RDMA backend here): one
 // trip on one connection, rather than a write, its reply and a kSent.
@@ -109,6 +113,9 @@ constexpr size_t kMostHeldBack = 4096;
 // How long a withdrawn receive waits for the sender's answer before the
 // endpoint is closed (then nobody can tell whether the message landed).
 constexpr auto kWithdrawGrace = std::chrono::seconds(5);
+// How long closing an endpoint waits for its last frames to reach the peer
+// (RDMA channel).
+constexpr auto kDrainLimit = std::chrono::milliseconds(500);
 // A peer that does not read its control frames for this long is dropped.
 constexpr auto kFrameWriteLimit = std::chrono::seconds(10);
 // How long a connection accept() took may take over its handshake (the
@@ -151,6 +158,7 @@ enum class Frame : uint8_t {
   kHandleWanted = 16,
   kReceiveHandle = 17,
   kSentPart = 18,
+  kChannelReady = 19,
 };
 
 // Bytes in place up to kInPlace, on the heap beyond: a frame being built
@@ -314,17 +322,77 @@ Status shared_memory_allowed(Manager& manager) {
   return FailedPrecondition("it has no memory backend");
 }
 
+// Whether this manager may move endpoint frames over an RDMA message
+// channel (MessageChannel): when one of its RDMA backends is viable. (The
+// channel itself is opened only once the peer wants it.)
+Status rdma_messages_allowed(Manager& manager) {
+  std::string why;
+  for (const BackendInfo& backend : manager.backends()) {
+    if (backend.level != TransportLevel::kNic) continue;
+    if (backend.viable) return Status::Ok();
+    why += (why.empty() ? "" : "; ") + backend.name + ": " + backend.reason;
+  }
+  return FailedPrecondition(why.empty() ? "it has no RDMA backend" : why);
+}
+
+// Opens an RDMA message channel through `manager` (defined after
+// EndpointImpl, the Manager's friend, which it asks).
+Result<std::unique_ptr<MessageChannel>> open_message_channel(Manager& manager);
+
+// How the frames travel: through one of the two channels, or the TCP
+// connection when both are null.
 struct Channel {
-  std::unique_ptr<ShmChannel> shm;  // null: frames travel in the TCP connection
-  std::string description;          // Endpoint::channel()
+  std::unique_ptr<ShmChannel> shm;          // shared-memory rings
+  std::unique_ptr<MessageChannel> message;  // an RDMA backend's SEND/RECV
+  std::string description;                  // Endpoint::channel()
 };
 
-Channel tcp_channel(const std::string& why) {
-  return Channel{nullptr, "tcp (" + why + ")"};
+// What a channel offer's answer took.
+enum class Taken : uint8_t { kTcp = 0, kSharedMemory = 1, kRdma = 2 };
+
+// Frames over TCP: why neither channel was taken, each reason said as
+// "this side: ..." or "the peer: ...".
+Channel tcp_channel(const std::string& no_shared_memory, const std::string& no_rdma) {
+  return Channel{nullptr, nullptr,
+                 "tcp (shared memory: " + no_shared_memory + "; RDMA: " + no_rdma + ")"};
+}
+std::string this_side(const Status& why) {
+  return "this side: " + why.message();
+}
+std::string the_peer(std::span<const uint8_t> why) {
+  return "the peer: " + std::string(why.begin(), why.end());
+}
+
+// kChannelReady: whether this side connected its RDMA channel (`status`),
+// and its address (the connecting side's, when it did) or why not.
+Status send_ready(int fd, const Status& status, std::span<const uint8_t> address, Deadline deadline,
+                  int stop_fd) {
+  FrameBuilder ready(Frame::kChannelReady);
+  ready.fields().put<uint8_t>(status.ok() ? 1 : 0);
+  ready.blob(status.ok() ? address : text_bytes(status.message()));
+  return send_frame(fd, ready, deadline, stop_fd);
+}
+// The peer's kChannelReady: its address (or nothing), or why it did not
+// connect (kFailedPrecondition, "the peer: ...").
+Result<std::vector<uint8_t>> read_ready(int fd, Deadline deadline, int stop_fd) {
+  Frame type{};
+  std::vector<uint8_t> payload;
+  RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, stop_fd, type, payload));
+  WireReader r(payload);
+  const uint8_t ok = r.get<uint8_t>();
+  auto bytes = r.view(r.get<uint16_t>());
+  if (type != Frame::kChannelReady || ok > 1 || !r.ok() || r.remaining() != 0) {
+    return ProtocolError("malformed endpoint channel readiness");
+  }
+  if (ok == 0) return FailedPrecondition(the_peer(bytes));
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
 }
 
 // The connecting side: offers shared rings when this manager may use them,
-// and learns whether the peer opened them.
+// and an RDMA channel when it may open one; learns which the peer took.
+// Over RDMA the two then swap their channels' addresses (kChannelReady each
+// way, the connecting side's first), each connecting its queue pair before
+// it sends its own: once the second has come, both ends take frames.
 Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
   Status allowed = shared_memory_allowed(manager);
   std::unique_ptr<ShmChannel> shm;
@@ -336,6 +404,7 @@ Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
       allowed = created.status();
     }
   }
+  const Status rdma_allowed = rdma_messages_allowed(manager);
   FrameBuilder offer(Frame::kChannelOffer);
   if (shm) {
     const ShmChannel::Offer o = shm->offer();
@@ -347,23 +416,47 @@ Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
     offer.fields().put<uint8_t>(0);
     offer.blob(text_bytes(allowed.message()));
   }
+  offer.fields().put<uint8_t>(rdma_allowed.ok() ? 1 : 0);
+  offer.blob(rdma_allowed.ok() ? std::span<const uint8_t>() : text_bytes(rdma_allowed.message()));
   RDMABUF_RETURN_IF_ERROR(send_frame(fd, offer, deadline));
   Frame type{};
   std::vector<uint8_t> payload;
   RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, -1, type, payload));
   WireReader r(payload);
-  const bool accepted = r.get<uint8_t>() == 1;
-  auto reason = r.view(r.get<uint16_t>());
-  if (type != Frame::kChannelAnswer || !r.ok() || r.remaining() != 0) {
+  const auto taken = static_cast<Taken>(r.get<uint8_t>());
+  auto no_shm = r.view(r.get<uint16_t>());
+  auto no_rdma = r.view(r.get<uint16_t>());
+  auto address = r.view(r.get<uint16_t>());
+  if (type != Frame::kChannelAnswer || taken > Taken::kRdma || !r.ok() || r.remaining() != 0 ||
+      (taken == Taken::kSharedMemory && !shm) || (taken == Taken::kRdma && !rdma_allowed.ok())) {
     return ProtocolError("malformed endpoint channel answer");
   }
-  if (!shm) return tcp_channel("this side: " + allowed.message());
-  if (!accepted) return tcp_channel("the peer: " + std::string(reason.begin(), reason.end()));
-  return Channel{std::move(shm), "shared memory"};
+  if (taken == Taken::kSharedMemory) return Channel{std::move(shm), nullptr, "shared memory"};
+  const std::string shm_why = shm ? the_peer(no_shm) : this_side(allowed);
+  if (taken == Taken::kTcp) {
+    return tcp_channel(shm_why, rdma_allowed.ok() ? the_peer(no_rdma) : this_side(rdma_allowed));
+  }
+  // RDMA: open this side's channel and connect it to the peer's.
+  auto opened = open_message_channel(manager);
+  Status connected = opened.status();
+  if (opened.ok()) connected = (*opened)->connect(address);
+  RDMABUF_RETURN_IF_ERROR(send_ready(
+      fd, connected, connected.ok() ? (*opened)->address() : std::vector<uint8_t>(), deadline, -1));
+  if (connected.code() == StatusCode::kProtocolError) return connected;
+  if (!connected.ok()) return tcp_channel(shm_why, this_side(connected));
+  auto ready = read_ready(fd, deadline, -1);
+  if (!ready.ok()) {
+    if (ready.status().code() != StatusCode::kFailedPrecondition) return ready.status();
+    return tcp_channel(shm_why, ready.status().message());
+  }
+  if (!ready->empty()) return ProtocolError("malformed endpoint channel readiness");
+  std::string description = (*opened)->describe();
+  return Channel{nullptr, std::move(opened).value(), std::move(description)};
 }
 
 // The accepting side: opens the rings the peer offered, when it offered
-// some and this manager may use them, and says whether it did.
+// some and this manager may use them; else an RDMA channel, when both
+// sides may; and says which (or why neither).
 Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int stop_fd) {
   Frame type{};
   std::vector<uint8_t> payload;
@@ -382,27 +475,110 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
   } else {
     reason = r.view(r.get<uint16_t>());
   }
-  if (type != Frame::kChannelOffer || offered > 1 || !r.ok() || r.remaining() != 0) {
+  const uint8_t rdma_offered = r.get<uint8_t>();
+  auto rdma_reason = r.view(r.get<uint16_t>());
+  if (type != Frame::kChannelOffer || offered > 1 || rdma_offered > 1 || !r.ok() ||
+      r.remaining() != 0) {
     return ProtocolError("malformed endpoint channel offer");
   }
-  Channel channel;
-  Status usable = offered == 1 ? shared_memory_allowed(manager) : Status::Ok();
-  if (offered != 1) {
-    channel = tcp_channel("the peer: " + std::string(reason.begin(), reason.end()));
-  } else if (!usable.ok()) {
-    channel = tcp_channel("this side: " + usable.message());
-  } else {
+  // Shared memory first; its refusal, said by this side, goes to the peer.
+  std::unique_ptr<ShmChannel> shm;
+  Status no_shm = offered == 1 ? shared_memory_allowed(manager) : Status::Ok();
+  if (offered == 1 && no_shm.ok()) {
     auto opened = ShmChannel::open(offer);
-    usable = opened.status();
-    channel = opened.ok() ? Channel{std::move(opened).value(), "shared memory"}
-                          : tcp_channel("this side: " + usable.message());
+    no_shm = opened.status();
+    if (opened.ok()) shm = std::move(opened).value();
   }
+  const std::string shm_why = offered == 1 ? this_side(no_shm) : the_peer(reason);
+  // Else RDMA, when both sides may.
+  std::unique_ptr<MessageChannel> rdma;
+  Status no_rdma = shm || rdma_offered != 1 ? Status::Ok() : rdma_messages_allowed(manager);
+  if (!shm && rdma_offered == 1 && no_rdma.ok()) {
+    auto opened = open_message_channel(manager);
+    no_rdma = opened.status();
+    if (opened.ok()) rdma = std::move(opened).value();
+  }
+  const Taken taken = shm ? Taken::kSharedMemory : rdma ? Taken::kRdma : Taken::kTcp;
   FrameBuilder answer(Frame::kChannelAnswer);
-  answer.fields().put<uint8_t>(channel.shm ? 1 : 0);
-  answer.blob(usable.ok() ? std::span<const uint8_t>() : text_bytes(usable.message()));
+  answer.fields().put<uint8_t>(static_cast<uint8_t>(taken));
+  answer.blob(no_shm.ok() ? std::span<const uint8_t>() : text_bytes(no_shm.message()));
+  answer.blob(no_rdma.ok() ? std::span<const uint8_t>() : text_bytes(no_rdma.message()));
+  answer.blob(rdma ? rdma->address() : std::vector<uint8_t>());
   RDMABUF_RETURN_IF_ERROR(send_frame(fd, answer, deadline, stop_fd));
-  return channel;
+  if (shm) return Channel{std::move(shm), nullptr, "shared memory"};
+  if (!rdma) {
+    return tcp_channel(shm_why, rdma_offered == 1 ? this_side(no_rdma) : the_peer(rdma_reason));
+  }
+  // The peer's address, once it connected to this side's channel; then
+  // this side connects, and says so.
+  auto ready = read_ready(fd, deadline, stop_fd);
+  if (!ready.ok()) {
+    if (ready.status().code() != StatusCode::kFailedPrecondition) return ready.status();
+    return tcp_channel(shm_why, ready.status().message());
+  }
+  Status connected = rdma->connect(*ready);
+  RDMABUF_RETURN_IF_ERROR(send_ready(fd, connected, {}, deadline, stop_fd));
+  if (connected.code() == StatusCode::kProtocolError) return connected;
+  if (!connected.ok()) return tcp_channel(shm_why, this_side(connected));
+  std::string description = rdma->describe();
+  return Channel{nullptr, std::move(rdma), std::move(description)};
 }
+
+// The channel frames travel through instead of the TCP connection, when
+// one was taken: shared-memory rings, or an RDMA backend's SEND/RECV. The
+// endpoint calls the same few functions either way; the rings' are inline
+// (the path of messages between two processes on one host), the other's
+// behind MessageChannel. Empty: frames travel in the TCP connection.
+class RingChannel {
+ public:
+  RingChannel(std::unique_ptr<ShmChannel> shm, std::unique_ptr<MessageChannel> rdma)
+      : shm_(std::move(shm)), rdma_(std::move(rdma)) {}
+
+  explicit operator bool() const { return shm_ || rdma_; }
+  bool is_shm() const { return shm_ != nullptr; }
+  bool is_rdma() const { return rdma_ != nullptr; }
+
+  // As ShmChannel's (MessageChannel's).
+  Result<bool> write_whole(std::span<const uint8_t> first,
+                           std::span<const std::span<const uint8_t>> pieces) {
+    if (shm_) [[likely]]
+      return shm_->write_whole(first, pieces);
+    return rdma_->write_whole(first, pieces);
+  }
+  bool has_incoming() { return shm_ ? shm_->has_incoming() : rdma_->has_incoming(); }
+  Result<std::span<const uint8_t>> peek() { return shm_ ? shm_->peek() : rdma_->peek(); }
+  void consume(size_t size) {
+    if (shm_) [[likely]] {
+      shm_->consume(size);
+    } else {
+      rdma_->consume(size);
+    }
+  }
+  Result<size_t> read_some(uint8_t* out, size_t size) {
+    return shm_ ? shm_->read_some(out, size) : rdma_->read_some(out, size);
+  }
+
+  // Before a reader sleeps: false when bytes came meanwhile. The rings ask
+  // the peer's writer for a doorbell (over the TCP connection); an RDMA
+  // channel arms its wakeup_fd().
+  bool request_doorbell() { return shm_ ? shm_->request_doorbell() : rdma_->arm_wakeup(); }
+  // After a write: whether the peer's reader asked for a doorbell (never
+  // over RDMA, whose reader its own NIC wakes).
+  bool doorbell_requested() { return shm_ && shm_->doorbell_requested(); }
+  // Over RDMA, readable once bytes came for an armed reader; else -1.
+  int wakeup_fd() const { return rdma_ ? rdma_->wakeup_fd() : -1; }
+  // Takes what made wakeup_fd() readable: whether there was any.
+  bool take_wakeups() { return rdma_ && rdma_->take_wakeups(); }
+  // Before the TCP connection ends: the frames written reach the peer
+  // first (RDMA; the rings hold them already). Frames lock held.
+  void drain(std::chrono::milliseconds limit) {
+    if (rdma_) rdma_->drain(limit);
+  }
+
+ private:
+  std::unique_ptr<ShmChannel> shm_;
+  std::unique_ptr<MessageChannel> rdma_;
+};
 
 // Over a TCP channel: the size up to which messages travel in parts. Only
 // while a one-sided write would copy with the CPU over TCP too: an RDMA
@@ -445,12 +621,12 @@ class WaitDeadline {
 class EndpointImpl {
  public:
   // `events`: an epoll set watching `stop` and `wake` (both level) and `fd`
-  // (one-shot, armed), made by create().
+  // (one-shot, armed) and the RDMA channel's wakeups (the same), made by create().
   EndpointImpl(Manager& manager, Fd fd, Channel channel, std::string peer, uint64_t peer_manager_id,
                Fd stop, Fd wake, Fd sends_wake, Fd events)
       : manager_(manager),
         fd_(std::move(fd)),
-        shm_(std::move(channel.shm)),
+        ring_(std::move(channel.shm), std::move(channel.message)),
         channel_(std::move(channel.description)),
         stop_(std::move(stop)),
         wake_(std::move(wake)),
@@ -459,7 +635,9 @@ class EndpointImpl {
         in_(std::make_unique<uint8_t[]>(kInCapacity)),
         peer_(std::move(peer)),
         peer_manager_id_(peer_manager_id),
-        stream_limit_(shm_ ? kShmStreamLimit : tcp_stream_limit(manager)) {
+        stream_limit_(ring_.is_shm()    ? kShmStreamLimit
+                      : ring_.is_rdma() ? kRdmaStreamLimit
+                                        : tcp_stream_limit(manager)) {
     reader_ = std::thread([this] { serve(); });
     lease_keeper_ = std::thread([this] { keep_leases(); });
   }
@@ -471,9 +649,11 @@ class EndpointImpl {
     RDMABUF_ASSIGN_OR_RETURN(Fd sends_wake, make_eventfd());
     Fd events(::epoll_create1(EPOLL_CLOEXEC));
     if (!events.valid()) return Internal("epoll_create1: " + errno_text(errno));
-    for (int watched : {stop.get(), wake.get(), fd.get()}) {
+    const int wakeups = channel.message ? channel.message->wakeup_fd() : -1;
+    for (int watched : {stop.get(), wake.get(), fd.get(), wakeups}) {
+      if (watched < 0) continue;
       epoll_event e{};
-      e.events = watched == fd.get() ? EPOLLIN | EPOLLONESHOT : EPOLLIN;
+      e.events = watched == fd.get() || watched == wakeups ? EPOLLIN | EPOLLONESHOT : EPOLLIN;
       e.data.fd = watched;
       if (::epoll_ctl(events.get(), EPOLL_CTL_ADD, watched, &e) != 0) {
         return Internal("epoll_ctl: " + errno_text(errno));
@@ -488,6 +668,9 @@ class EndpointImpl {
 
   Manager& manager() const { return manager_; }
   const std::string& peer() const { return peer_; }
+  static Result<std::unique_ptr<MessageChannel>> open_message_channel(Manager& manager) {
+    return manager.open_message_channel();
+  }
   const std::string& channel() const { return channel_; }
 
   void close(const Status& why) {
@@ -523,7 +706,7 @@ class EndpointImpl {
       RDMABUF_RETURN_IF_ERROR(broken_);
       if (queued_sends_.empty() && !credits_.empty() && answered_by_frames(message)) {
         Credit credit = credits_.take_front();
-        if (shm_ && message.size() <= std::min(kInlineLimit, credit.capacity)) {
+        if (ring_ && message.size() <= std::min(kInlineLimit, credit.capacity)) {
           // Into the ring under this hold of mu_ (the ring's frames lock),
           // when it has room now: a small send takes one lock.
           FrameBuilder inline_message(Frame::kSentInline);
@@ -611,9 +794,9 @@ class EndpointImpl {
       if (handle.valid()) posted.handle = std::move(handle);  // a slot starts without one
       credit.u64(seq).u64(into.size()).blob(handle_bytes);
       // With the next frame, or when this side waits (see hold_credit).
-      if (shm_) full = hold_credit(credit.done());  // mu_ is the ring's frames lock
+      if (ring_) full = hold_credit(credit.done());  // mu_ is the ring's frames lock
     }
-    if (!shm_) {
+    if (!ring_) {
       std::lock_guard lock(write_mu_);
       full = hold_credit(credit.done());
     }
@@ -812,7 +995,7 @@ class EndpointImpl {
   }
   // The largest message sent in frames now (mu_ held): see kShmStreamingLimit.
   uint64_t frames_limit() const {
-    return shm_ && !sends_.empty() ? kShmStreamingLimit : stream_limit_;
+    return ring_.is_shm() && !sends_.empty() ? kShmStreamingLimit : stream_limit_;
   }
 
   // Something for progress_sends() to do (mu_ held).
@@ -839,7 +1022,7 @@ class EndpointImpl {
       inline_message.u64(credit.seq);
       return write_frame(inline_message, {bytes, size});
     }
-    const int parts_per_write = shm_ ? kRingPartsPerWrite : kPartsPerWrite;
+    const int parts_per_write = ring_ ? kRingPartsPerWrite : kPartsPerWrite;
     std::vector<uint8_t> heads;  // each part's header and fields, back to back
     std::vector<std::span<const uint8_t>> pieces;
     for (uint64_t at = 0; at < size;) {
@@ -1193,8 +1376,13 @@ class EndpointImpl {
 
   void break_with(const Status& why) {
     {
-      std::lock_guard lock(mu_);
-      if (broken_.ok()) broken_ = why;
+      std::lock_guard lock(mu_);  // also the RDMA channel's frames lock
+      if (broken_.ok()) {
+        broken_ = why;
+        // Closed on this side: the peer reads every frame written before
+        // the end, which over RDMA may still be on its way.
+        if (why.code() == StatusCode::kCancelled) ring_.drain(kDrainLimit);
+      }
     }
     signal_eventfd(stop_.get());
     ::shutdown(fd_.get(), SHUT_RDWR);  // the peer sees the end at once
@@ -1250,7 +1438,7 @@ class EndpointImpl {
         held_replies_.insert(held_replies_.end(), piece.begin(), piece.end());
       return Status::Ok();
     }
-    Status st = shm_ ? write_to_ring(pieces) : write_to_socket(pieces);
+    Status st = ring_ ? write_to_ring(pieces) : write_to_socket(pieces);
     if (st.ok()) return st;
     return broke_while_sending(st);
   }
@@ -1335,10 +1523,10 @@ class EndpointImpl {
   // room for them all now (mu_ held): whether it did. `doorbell`: the
   // peer's reader asked for one; ring_doorbell() once mu_ is free.
   Result<bool> try_write_to_ring(std::span<const std::span<const uint8_t>> pieces, bool& doorbell) {
-    RDMABUF_ASSIGN_OR_RETURN(bool wrote, shm_->write_whole(deferred_, pieces));
+    RDMABUF_ASSIGN_OR_RETURN(bool wrote, ring_.write_whole(deferred_, pieces));
     if (!wrote) return false;
     deferred_sent();
-    doorbell = shm_->doorbell_requested();
+    doorbell = ring_.doorbell_requested();
     return true;
   }
 
@@ -1503,7 +1691,7 @@ class EndpointImpl {
     // as many as the peer holds (wait_receive): a receiver behind a fast
     // sender sends one frame of credits every eight 4 KiB messages of a
     // stream, not one a message.
-    if (has_deferred_.load() && !ready() && !(shm_ && may_lead() && shm_->has_incoming())) {
+    if (has_deferred_.load() && !ready() && !(ring_ && may_lead() && ring_.has_incoming())) {
       lock.unlock();
       flush().ignore();  // a failure breaks the endpoint: ready() says so
       lock.lock();
@@ -1644,12 +1832,12 @@ class EndpointImpl {
   // times over, and stop as soon as bytes come. A look at the socket is a
   // system call, and a yield lets other threads run meanwhile.
   void relax() {
-    if (!shm_) {
+    if (!ring_.is_shm()) {
       std::this_thread::yield();
       return;
     }
 #if defined(__x86_64__) || defined(__i386__)
-    for (int i = 0; i < 32 && !shm_->has_incoming(); ++i)
+    for (int i = 0; i < 32 && !ring_.has_incoming(); ++i)
       __builtin_ia32_pause();
 #else
     std::this_thread::yield();
@@ -1660,21 +1848,25 @@ class EndpointImpl {
   // `deadline`; false when the endpoint is closing.
   // Also wakes when a posted send's write finished (sends_wake_).
   bool sleep_on_channel(Deadline deadline) {
-    if (shm_ && !shm_->request_doorbell()) return true;  // bytes came meanwhile
-    pollfd watched[3] = {
-        {fd_.get(), POLLIN, 0}, {stop_.get(), POLLIN, 0}, {sends_wake_.get(), POLLIN, 0}};
+    if (ring_ && !ring_.request_doorbell()) return true;  // bytes came meanwhile
+    // The RDMA channel's wakeup last (-1, ignored by poll, without one).
+    pollfd watched[4] = {{fd_.get(), POLLIN, 0},
+                         {stop_.get(), POLLIN, 0},
+                         {sends_wake_.get(), POLLIN, 0},
+                         {ring_.wakeup_fd(), POLLIN, 0}};
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
     // An error (EINTR) or the deadline: the caller looks again.
-    if (::poll(watched, 3, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30))) > 0) {
+    if (::poll(watched, 4, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30))) > 0) {
       if (watched[1].revents != 0) return false;
       if (watched[2].revents != 0) drain_eventfd(sends_wake_.get());
     }
-    if (shm_) take_doorbells();
+    if (ring_) take_doorbells();
     return true;
   }
 
-  // Shared-memory channel: empties the TCP connection of doorbells (it
-  // carries nothing else) and notes its end. Reader role held.
+  // Shared-memory or RDMA channel: empties the TCP connection of doorbells
+  // (it carries nothing else) and notes its end; over RDMA, takes the
+  // channel's wakeups too (as doorbells). Reader role held.
   //
   // One doorbell wakes every sleeper of this side, but a caller may take it
   // before the endpoint's thread, asleep in epoll_wait, has looked: then
@@ -1694,17 +1886,22 @@ class EndpointImpl {
       if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) peer_closed_ = true;
       break;
     }
+    if (ring_.take_wakeups()) took = true;
     if (!took) return;
     doorbells_taken_.fetch_add(1);  // seq_cst, against serve_sleeping_ (see serve)
     if (serve_sleeping_.load()) signal_eventfd(wake_.get());
   }
 
-  // Arms the endpoint thread's one-shot watch on the socket.
+  // Arms the endpoint thread's one-shot watches on the socket and the RDMA
+  // channel's wakeups.
   void watch_socket() {
-    epoll_event e{};
-    e.events = EPOLLIN | EPOLLONESHOT;
-    e.data.fd = fd_.get();
-    ::epoll_ctl(events_.get(), EPOLL_CTL_MOD, fd_.get(), &e);
+    for (int watched : {fd_.get(), ring_.wakeup_fd()}) {
+      if (watched < 0) continue;
+      epoll_event e{};
+      e.events = EPOLLIN | EPOLLONESHOT;
+      e.data.fd = watched;
+      ::epoll_ctl(events_.get(), EPOLL_CTL_MOD, watched, &e);
+    }
   }
 
   // How far one pump takes the frames of the shared ring (see lead()).
@@ -1765,16 +1962,16 @@ class EndpointImpl {
         in_begin_ += kHeaderSize + size;
         progressed = true;
       }
-      if (shm_ && in_begin_ == in_end_) {
+      if (ring_ && in_begin_ == in_end_) {
         RDMABUF_ASSIGN_OR_RETURN(const bool stopped, take_frames_in_place(progressed, lock, take));
         // Stopped after a message, or nothing more came: no read to try
         // (peer_closed_: the read says so).
-        if (stopped || (!shm_->has_incoming() && !peer_closed_)) return Status::Ok();
+        if (stopped || (!ring_.has_incoming() && !peer_closed_)) return Status::Ok();
       }
       // One read per call; through shared memory, as many as complete the
       // frame begun (receive_some takes one cut by the ring's end in two:
       // its header, then the rest).
-      if (read_once && !(shm_ && in_end_ > in_begin_)) return Status::Ok();
+      if (read_once && !(ring_ && in_end_ > in_begin_)) return Status::Ok();
       if (lock.owns_lock()) lock.unlock();  // dispatch takes it
       // Keep what is left of a frame at the front, then read more.
       std::memmove(in_.get(), in_.get() + in_begin_, in_end_ - in_begin_);
@@ -1802,7 +1999,7 @@ class EndpointImpl {
     constexpr size_t kMostFields = 2 * sizeof(uint64_t);
     uint8_t copy[kHeaderSize + kSmallFrame];
     while (true) {
-      RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
+      RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, ring_.peek());
       if (ring.size() < kHeaderSize) return false;
       // A copy of the header and fields: the peer may write the ring meanwhile.
       uint8_t head[kHeaderSize + kMostFields];
@@ -1832,7 +2029,7 @@ class EndpointImpl {
         } else {
           RDMABUF_RETURN_IF_ERROR(answer_receive(type, seq, data.size(), data));
           if (take == Take::kUpToAMessage) {
-            shm_->consume(kHeaderSize + size);
+            ring_.consume(kHeaderSize + size);
             progressed = true;
             return true;
           }
@@ -1852,7 +2049,7 @@ class EndpointImpl {
           RDMABUF_RETURN_IF_ERROR(dispatch(type, payload));
         }
       }
-      shm_->consume(kHeaderSize + size);
+      ring_.consume(kHeaderSize + size);
       progressed = true;
     }
   }
@@ -1884,7 +2081,7 @@ class EndpointImpl {
   Result<size_t> ring_bytes_to_copy() {
     const size_t have = in_end_ - in_begin_;
     if (have == 0) {
-      RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, shm_->peek());
+      RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, ring_.peek());
       const size_t before = frames_before_a_message(ring);
       return before > 0 ? before : kHeaderSize;
     }
@@ -1899,9 +2096,9 @@ class EndpointImpl {
   // shared memory, only the frames that cannot be taken where they lie
   // (ring_bytes_to_copy).
   Result<size_t> receive_some(uint8_t* out, size_t size) {
-    if (shm_) {
+    if (ring_) {
       RDMABUF_ASSIGN_OR_RETURN(const size_t most, ring_bytes_to_copy());
-      RDMABUF_ASSIGN_OR_RETURN(size_t n, shm_->read_some(out, std::min(size, most)));
+      RDMABUF_ASSIGN_OR_RETURN(size_t n, ring_.read_some(out, std::min(size, most)));
       // The peer's frames before its end are all in the ring: read them first.
       if (n == 0 && peer_closed_) return Unavailable("connection closed by peer");
       return n;
@@ -2015,17 +2212,17 @@ class EndpointImpl {
   void serve() {
     int timeout_ms = -1;
     while (true) {
-      epoll_event events[3];
+      epoll_event events[4];
       // Sleeping with no timeout: a frame deferred from now on wakes us.
       serve_sleeping_.store(timeout_ms < 0);
-      if (timeout_ms < 0 && shm_ && doorbells_taken_.load() != doorbells_seen_) {
+      if (timeout_ms < 0 && ring_ && doorbells_taken_.load() != doorbells_seen_) {
         // A caller took a doorbell since this thread asked for one: it may
         // have been this thread's. Look again soon instead of sleeping on it.
         serve_sleeping_.store(false);
         timeout_ms = kLingerMs;
       }
       if (!(timeout_ms < 0 && has_deferred_.load()) &&
-          ::epoll_wait(events_.get(), events, 3, timeout_ms) < 0 && errno != EINTR) {
+          ::epoll_wait(events_.get(), events, 4, timeout_ms) < 0 && errno != EINTR) {
         break_with(Internal("epoll_wait: " + errno_text(errno)));
         return;
       }
@@ -2042,7 +2239,7 @@ class EndpointImpl {
       if (led_lately() || !take_role()) continue;  // callers read: look again later
       timeout_ms = -1;
       Status st;
-      if (shm_) take_doorbells();
+      if (ring_) take_doorbells();
       while (true) {
         bool progressed = true;
         while (st.ok() && progressed && !notes_full()) {
@@ -2052,7 +2249,7 @@ class EndpointImpl {
         }
         // Before sleeping, a shared-memory reader asks for a doorbell; bytes
         // that came meanwhile are read first.
-        if (!st.ok() || !shm_ || notes_full() || shm_->request_doorbell()) break;
+        if (!st.ok() || !ring_ || notes_full() || ring_.request_doorbell()) break;
       }
       doorbells_seen_ = doorbells_taken_.load();
       watch_socket();
@@ -2406,19 +2603,19 @@ class EndpointImpl {
 
   Manager& manager_;
   const std::chrono::microseconds busy_poll_ = manager_.config().busy_poll;
-  Fd fd_;                            // the TCP connection: frames, or with shm_ doorbells only
-  std::unique_ptr<ShmChannel> shm_;  // the shared-memory channel, when in use
-  const std::string channel_;        // Endpoint::channel()
-  Fd stop_;                          // readable once closing
-  Fd wake_;        // readable when the endpoint's thread has work: notifications, sends
-  Fd sends_wake_;  // readable when a send's write finished while a caller read
-  Fd events_;      // epoll: stop_, wake_, and fd_ while no caller reads it
+  Fd fd_;  // the TCP connection: frames, or with ring_ doorbells (or nothing) and its end
+  RingChannel ring_;           // the channel frames take, when not fd_
+  const std::string channel_;  // Endpoint::channel()
+  Fd stop_;                    // readable once closing
+  Fd wake_;                    // readable when the endpoint's thread has work: notifications, sends
+  Fd sends_wake_;              // readable when a send's write finished while a caller read
+  Fd events_;                  // epoll: stop_, wake_, and fd_ while no caller reads it
   std::atomic<uint64_t> leads_{0};  // how many times a caller gave the reader role back
   uint64_t leads_seen_ = 0;         // the endpoint's thread alone (led_lately)
   std::unique_ptr<uint8_t[]> in_;   // bytes read, [in_begin_, in_end_) not yet taken
   size_t in_begin_ = 0;
   size_t in_end_ = 0;
-  bool peer_closed_ = false;  // shm_: the TCP connection ended
+  bool peer_closed_ = false;  // ring_: the TCP connection ended
   const std::string peer_;
   const uint64_t peer_manager_id_;
 
@@ -2633,6 +2830,10 @@ void Endpoint::close() {
 // --- EndpointListener -------------------------------------------------------------
 
 namespace {
+
+Result<std::unique_ptr<MessageChannel>> open_message_channel(Manager& manager) {
+  return EndpointImpl::open_message_channel(manager);
+}
 
 // An accepted connection on its way through the handshake.
 struct Handshake {

@@ -41,6 +41,7 @@ class ManagerImpl final : public OpRouter {
   const Config& config() const { return config_; }
   const PeerIdentity& identity() const { return identity_; }
   std::vector<BackendInfo> backends() const;
+  Result<std::unique_ptr<MessageChannel>> open_message_channel();
   Result<RemoteBuffer> register_buffer(LocalMemory memory);
   Status release(const RemoteBuffer& handle);
   // A buffer counts until its release has returned (every backend let go).
@@ -202,6 +203,22 @@ std::vector<BackendInfo> ManagerImpl::backends() const {
     }
   }
   return out;
+}
+
+Result<std::unique_ptr<MessageChannel>> ManagerImpl::open_message_channel() {
+  std::string why;
+  for (const Slot& slot : slots_) {
+    if (slot.factory->level != TransportLevel::kNic) continue;  // only NICs carry messages
+    Status refused = FailedPrecondition(slot.reason);
+    if (slot.backend) {
+      auto opened = slot.backend->open_message_channel();
+      if (opened.ok()) return opened;
+      refused = opened.status();
+    }
+    why += (why.empty() ? "" : "; ") + std::string(slot.factory->name) + ": " + refused.message();
+  }
+  if (why.empty()) why = "no RDMA backend was built";
+  return FailedPrecondition(why);
 }
 
 Result<RemoteBuffer> ManagerImpl::register_buffer(LocalMemory memory) {
@@ -499,6 +516,10 @@ const std::string& Manager::address() const {
 }
 std::vector<BackendInfo> Manager::backends() const {
   return impl_->backends();
+}
+
+Result<std::unique_ptr<MessageChannel>> Manager::open_message_channel() {
+  return impl_->open_message_channel();
 }
 
 Result<RemoteBuffer> Manager::register_buffer(LocalMemory memory) {

@@ -3,7 +3,7 @@
 // control frames").
 //
 // Each input is the byte stream a peer sends after a correct hello and a
-// channel offer that declines shared memory (tests/helpers/raw_endpoint.h
+// channel offer that declines shared memory and RDMA (tests/helpers/raw_endpoint.h
 // plays that peer), to a real Endpoint of a real Manager that has posted
 // two receives, one that only inline messages fit (64 B) and one that
 // registers its memory (8 KiB). Then the peer's stream ends.

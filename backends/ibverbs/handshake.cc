@@ -12,9 +12,20 @@ namespace {
 
 constexpr uint8_t kMagic[4] = {'R', 'B', 'I', 'V'};
 constexpr uint16_t kVersion = 1;
-constexpr size_t kEndpointBytes = 32;
 constexpr uint32_t kMaxMessage = 1024;
 constexpr uint8_t kQueryBuffer = 1;
+
+// True when the next `size` bytes of `r` are there and all zero.
+bool zeros(WireReader& r, size_t size) {
+  auto bytes = r.view(size);
+  return r.ok() && std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == 0; });
+}
+
+Status send_all(int fd, const std::vector<uint8_t>& out, Deadline deadline, int stop_fd) {
+  return send_exact(fd, out.data(), out.size(), deadline, stop_fd);
+}
+
+}  // namespace
 
 void put_endpoint(WireWriter& w, const Endpoint& e) {
   w.put<uint32_t>(e.qpn);
@@ -41,18 +52,6 @@ Result<Endpoint> get_endpoint(WireReader& r) {
   }
   return e;
 }
-
-// True when the next `size` bytes of `r` are there and all zero.
-bool zeros(WireReader& r, size_t size) {
-  auto bytes = r.view(size);
-  return r.ok() && std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == 0; });
-}
-
-Status send_all(int fd, const std::vector<uint8_t>& out, Deadline deadline, int stop_fd) {
-  return send_exact(fd, out.data(), out.size(), deadline, stop_fd);
-}
-
-}  // namespace
 
 Status send_connect(int fd, const std::string& owner_device, const Endpoint& mine,
                     Deadline deadline, int stop_fd) {

@@ -17,10 +17,17 @@
 
 #include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/queue_pair.h"
+#include "common/wire.h"
 #include "rdmabuf/buffer.h"
 #include "rdmabuf/transfer.h"
 
 namespace rdmabuf::ibverbs {
+
+// A queue pair's endpoint as the handshakes carry it (kEndpointBytes).
+constexpr size_t kEndpointBytes = 32;
+void put_endpoint(WireWriter& w, const Endpoint& e);
+// kProtocolError when malformed.
+Result<Endpoint> get_endpoint(WireReader& r);
 
 // Reader side.
 Status send_connect(int fd, const std::string& owner_device, const Endpoint& mine,

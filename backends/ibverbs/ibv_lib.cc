@@ -38,6 +38,10 @@ Result<const IbvLib*> load() {
   bind(lib.destroy_qp, "ibv_destroy_qp");
   bind(lib.modify_qp, "ibv_modify_qp");
   bind(lib.wc_status_str, "ibv_wc_status_str");
+  bind(lib.create_comp_channel, "ibv_create_comp_channel");
+  bind(lib.destroy_comp_channel, "ibv_destroy_comp_channel");
+  bind(lib.get_cq_event, "ibv_get_cq_event");
+  bind(lib.ack_cq_events, "ibv_ack_cq_events");
   if (!missing.empty()) {
     ::dlclose(handle);
     return FailedPrecondition("libibverbs.so.1 lacks " + missing);

@@ -32,6 +32,10 @@ struct IbvLib {
   int (*destroy_qp)(ibv_qp*);
   int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int);
   const char* (*wc_status_str)(ibv_wc_status);
+  ibv_comp_channel* (*create_comp_channel)(ibv_context*);
+  int (*destroy_comp_channel)(ibv_comp_channel*);
+  int (*get_cq_event)(ibv_comp_channel*, ibv_cq**, void**);
+  void (*ack_cq_events)(ibv_cq*, unsigned int);
 
   // The library, loaded once per process; or why it cannot be.
   static Result<const IbvLib*> get();

@@ -9,6 +9,7 @@
 #include "backends/ibverbs/device.h"
 #include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/handshake.h"
+#include "backends/ibverbs/message_channel.h"
 #include "common/hello.h"
 #include "common/log.h"
 #include "common/op_text.h"
@@ -33,7 +34,7 @@ Result<HandleContext> decode(const BackendContext* ctx) {
 
 class IbverbsBackend final : public Backend {
  public:
-  IbverbsBackend(const BackendEnv& env, std::unique_ptr<Device> device, Fd stop_fd)
+  IbverbsBackend(const BackendEnv& env, std::shared_ptr<Device> device, Fd stop_fd)
       : env_(env),
         device_(std::move(device)),
         registrations_(*device_),
@@ -53,6 +54,10 @@ class IbverbsBackend final : public Backend {
     info.details.emplace_back("owner-side queue pairs", std::to_string(responders_.load()));
     info.details.emplace_back("handshakes served", std::to_string(handshakes_.load()));
     return info;
+  }
+
+  Result<std::unique_ptr<MessageChannel>> open_message_channel() override {
+    return ibverbs::open_message_channel(device_);
   }
 
   // --- owner side ---------------------------------------------------------
@@ -232,7 +237,7 @@ class IbverbsBackend final : public Backend {
   }
 
   BackendEnv env_;
-  std::unique_ptr<Device> device_;
+  std::shared_ptr<Device> device_;  // shared with the message channels, which may outlive this
   LocalRegistrations registrations_;
   Fd stop_fd_;
   std::atomic<bool> stopping_{false};

@@ -28,20 +28,29 @@ Status modify(const IbvLib& lib, ibv_qp* qp, ibv_qp_attr& attr, int mask, const 
 
 }  // namespace
 
-Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, uint32_t depth) {
+Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const Shape& shape) {
   const IbvLib& lib = device.lib();
   std::unique_ptr<QueuePair> qp(new QueuePair(device));
-  qp->depth_ = std::min<uint32_t>(depth, static_cast<uint32_t>(device.attr().max_qp_wr));
+  const auto most_wr = static_cast<uint32_t>(device.attr().max_qp_wr);
+  qp->depth_ = std::min(shape.send_depth, most_wr);
   qp->rd_atomic_ = static_cast<uint8_t>(
       std::clamp(device.attr().max_qp_rd_atom, 1, static_cast<int>(kMaxRdAtomic)));
   qp->cq_ = lib.create_cq(device.context(), static_cast<int>(qp->depth_ + 1), nullptr, nullptr, 0);
   if (!qp->cq_) return ResourceExhausted("cannot create a completion queue: " + errno_text(errno));
+  const uint32_t receive_depth = std::min(shape.receive_depth, most_wr);
+  if (receive_depth > 0) {
+    qp->recv_cq_ = lib.create_cq(device.context(), static_cast<int>(receive_depth + 1), nullptr,
+                                 shape.receive_events, 0);
+    if (!qp->recv_cq_) {
+      return ResourceExhausted("cannot create a completion queue: " + errno_text(errno));
+    }
+  }
   ibv_qp_init_attr init{};
   init.send_cq = qp->cq_;
-  init.recv_cq = qp->cq_;
+  init.recv_cq = qp->recv_cq();
   init.qp_type = IBV_QPT_RC;
   init.cap.max_send_wr = qp->depth_;
-  init.cap.max_recv_wr = 1;
+  init.cap.max_recv_wr = std::max<uint32_t>(receive_depth, 1);
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   init.sq_sig_all = 0;
@@ -63,6 +72,16 @@ Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, uint3
 QueuePair::~QueuePair() {
   const IbvLib& lib = device_.lib();
   if (qp_) lib.destroy_qp(qp_);
+  if (recv_cq_ && recv_cq_->channel) {
+    // Destroying a completion queue waits until each of its events was
+    // acknowledged: take those nobody took (the channel does not block; the
+    // queue pair is gone, so no more come).
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    while (lib.get_cq_event(recv_cq_->channel, &cq, &context) == 0)
+      lib.ack_cq_events(cq, 1);
+  }
+  if (recv_cq_) lib.destroy_cq(recv_cq_);
   if (cq_) lib.destroy_cq(cq_);
 }
 

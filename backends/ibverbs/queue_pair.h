@@ -1,4 +1,4 @@
-// An RC queue pair with its own completion queue, and its state changes.
+// An RC queue pair with its own completion queues, and its state changes.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +19,24 @@ struct Endpoint {
 
 class QueuePair {
  public:
-  // A completion queue of `depth` entries and a queue pair in INIT, allowing
-  // remote reads and writes into memory registered for it.
-  static Result<std::unique_ptr<QueuePair>> create(const Device& device, uint32_t depth);
-  ~QueuePair();  // the queue pair first, then its completion queue
+  // What a pair holds.
+  struct Shape {
+    uint32_t send_depth = 16;  // work requests posted and not completed
+    // Receives posted at once. 0: the pair takes none (one-sided ops
+    // only), and one completion queue serves both queues; else the
+    // receives complete on a queue of their own (recv_cq()).
+    uint32_t receive_depth = 0;
+    // Where the receive queue's completion events go (null: none); its
+    // file descriptor must not block (the destructor takes the events left).
+    ibv_comp_channel* receive_events = nullptr;
+  };
+  // Completion queues and a queue pair in INIT, allowing remote reads and
+  // writes into memory registered for it.
+  static Result<std::unique_ptr<QueuePair>> create(const Device& device, const Shape& shape);
+  static Result<std::unique_ptr<QueuePair>> create(const Device& device, uint32_t depth) {
+    return create(device, Shape{depth});
+  }
+  ~QueuePair();  // the queue pair first, then its completion queues
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
 
@@ -33,7 +47,10 @@ class QueuePair {
   Status to_error();
 
   ibv_qp* qp() const { return qp_; }
-  ibv_cq* cq() const { return cq_; }
+  ibv_cq* cq() const {
+    return cq_;
+  }  // the send queue's (and the receives', with none of their own)
+  ibv_cq* recv_cq() const { return recv_cq_ ? recv_cq_ : cq_; }
   uint32_t depth() const { return depth_; }
 
  private:
@@ -41,6 +58,7 @@ class QueuePair {
 
   const Device& device_;
   ibv_cq* cq_ = nullptr;
+  ibv_cq* recv_cq_ = nullptr;  // null: cq_
   ibv_qp* qp_ = nullptr;
   uint32_t depth_ = 0;
   uint32_t psn_ = 0;

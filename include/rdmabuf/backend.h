@@ -254,6 +254,73 @@ struct BackendEnv {
 
 // ---------------------------------------------------------------------------
 
+// A two-sided channel between this process and one peer, carried by a
+// transport's own message primitive (ibverbs: SEND into posted receives):
+// an ordered, reliable byte stream each way, with flow control, so that a
+// writer never overruns the reader's posted room. Endpoints move their
+// frames through it (core/endpoint.cc); the bytes are the endpoint's, the
+// channel keeps no boundaries between writes.
+//
+// Made by Backend::open_message_channel, then connected: each side sends
+// the other its address() (over the endpoint's own handshake) and calls
+// connect() with the peer's. No byte may be written before both sides have
+// connected.
+//
+// Contract: one thread at a time writes, one at a time reads (the endpoint
+// holds its frames lock, or its reader role); reading and writing may run
+// at once. The peer can send any bytes; the channel only moves them.
+class MessageChannel {
+ public:
+  virtual ~MessageChannel() = default;
+
+  // What the peer's connect() needs, as bytes.
+  virtual std::vector<uint8_t> address() const = 0;
+  // Connects to the peer whose address() is `peer`. kProtocolError when the
+  // bytes are malformed, kUnavailable when the transport cannot reach it.
+  virtual Status connect(std::span<const uint8_t> peer) = 0;
+  // For Endpoint::channel(): "ibverbs (rxe0, ...)".
+  virtual std::string describe() const = 0;
+
+  // --- the writer ---------------------------------------------------------
+  // Moves all the bytes of `first`, then of `pieces`, towards the peer, or
+  // none when the room the peer posted (or the channel's own send room) is
+  // short now: whether it did. A writer that got false tries again (the
+  // room comes back as the peer reads, without a call on this side).
+  // kInvalidArgument for more than capacity() bytes; kUnavailable when the
+  // transport failed (the peer is gone).
+  virtual Result<bool> write_whole(std::span<const uint8_t> first,
+                                   std::span<const std::span<const uint8_t>> pieces) = 0;
+  // The most bytes one write_whole may take.
+  virtual size_t capacity() const = 0;
+  // Waits up to `limit` for the bytes written to reach the peer: called
+  // before the endpoint's connection is closed, so that the peer reads
+  // every frame written before the end.
+  virtual void drain(std::chrono::milliseconds limit) = 0;
+
+  // --- the reader ---------------------------------------------------------
+  // Whether bytes are waiting. Cheap: a reader spins on it.
+  virtual bool has_incoming() = 0;
+  // The waiting bytes from the read position on, as far as they lie in one
+  // piece; empty when none. Valid until consume() or read_some().
+  // kUnavailable when the transport failed.
+  virtual Result<std::span<const uint8_t>> peek() = 0;
+  // Gives `size` bytes of the last peek() back (at most those).
+  virtual void consume(size_t size) = 0;
+  // Copies up to `size` waiting bytes out: how many, 0 when none.
+  virtual Result<size_t> read_some(uint8_t* out, size_t size) = 0;
+
+  // Sleeping. A reader that found nothing and is about to sleep calls
+  // arm_wakeup() first: false when bytes came meanwhile (read them; do not
+  // sleep). Armed, wakeup_fd() becomes readable once bytes come; the
+  // reader then calls take_wakeups() (true when it took one), which makes
+  // it unreadable again until the next arm_wakeup().
+  virtual bool arm_wakeup() = 0;
+  virtual int wakeup_fd() const = 0;
+  virtual bool take_wakeups() = 0;
+};
+
+// ---------------------------------------------------------------------------
+
 // A transport. Created by a factory that returns the backend, or a non-OK
 // status whose message says why it is not viable here. All methods are
 // thread-safe.
@@ -305,6 +372,11 @@ class Backend {
   }
   // The default closes `fd` (never called unless claims_channel says yes).
   virtual void serve_connection(int fd, uint64_t peer_manager_id);
+
+  // A message channel to a peer that has this backend too (see
+  // MessageChannel), for endpoints. The default offers none: the status
+  // (kFailedPrecondition) says so.
+  virtual Result<std::unique_ptr<MessageChannel>> open_message_channel();
 
   // Stops everything: fails ops in flight with kCancelled, closes
   // connections, wakes serve_connection calls so they return. When it

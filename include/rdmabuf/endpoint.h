@@ -19,8 +19,9 @@
 // choice, fallback and reasons as every other op), then the receiver is
 // told its size. For that the receive registers its memory with the
 // manager: when posted, while the messages lately were written so, and
-// otherwise when the sender asks for it. Control frames travel over TCP, or
-// through shared memory between two managers on one host (see channel()).
+// otherwise when the sender asks for it. Control frames travel through
+// shared memory between two managers on one host, as verbs SEND/RECV
+// between two managers with RDMA NICs, or over TCP (see channel()).
 //
 // Guarantees:
 // - Message boundaries: one send fills one receive; its size is returned.
@@ -212,9 +213,12 @@ class Endpoint {
 
   // How the endpoint's frames (credits, small messages, answers,
   // notifications) travel: "shared memory" (rings both processes map, when
-  // the managers share a host and each has its memory backend viable), or
-  // "tcp (WHY)" with the reason shared memory is not used. Large messages
-  // and tagged writes move by one-sided writes either way.
+  // the managers share a host and each has its memory backend viable);
+  // else "ibverbs (DEVICE, SEND/RECV)" (verbs SENDs into receives the peer
+  // keeps posted, when both managers have an RDMA backend viable); else
+  // "tcp (shared memory: WHY; RDMA: WHY)", each reason said by "this side"
+  // or "the peer". Large messages and tagged writes move by one-sided
+  // writes either way.
   std::string channel() const;
 
   // Closes the connection: waiting calls fail with kCancelled, the peer's

@@ -126,6 +126,9 @@ class Manager {
   explicit Manager(std::unique_ptr<ManagerImpl> impl);
   NotificationQueue& notifications();
   LendBudget& lend_budget();
+  // A message channel for an endpoint: from the best RDMA backend that
+  // offers one, or why none did.
+  Result<std::unique_ptr<MessageChannel>> open_message_channel();
   std::unique_ptr<ManagerImpl> impl_;
 };
 

@@ -1571,16 +1571,23 @@ TEST_P(ConformanceTest, EndpointNotificationAfterAWokenReceiveIsDelivered) {
 }
 
 // Frames travel through shared memory exactly when both managers may use
-// same-host memory; otherwise the endpoint says why not.
+// same-host memory, else over verbs SEND/RECV when both may use ibverbs;
+// otherwise the endpoint says why not.
 TEST_P(ConformanceTest, EndpointSaysHowItsFramesTravel) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
   if (backend() == "memory") {
     EXPECT_EQ(receiver->channel(), "shared memory");
     EXPECT_EQ(sender->channel(), "shared memory");
+  } else if (backend() == "ibverbs") {
+    EXPECT_EQ(receiver->channel().rfind("ibverbs (", 0), 0u) << receiver->channel();
+    EXPECT_NE(receiver->channel().find("SEND/RECV"), std::string::npos) << receiver->channel();
+    EXPECT_EQ(sender->channel(), receiver->channel());
   } else {
     EXPECT_EQ(receiver->channel().rfind("tcp (", 0), 0u) << receiver->channel();
     EXPECT_NE(sender->channel().find("memory backend"), std::string::npos) << sender->channel();
+    EXPECT_NE(sender->channel().find("RDMA: this side: ibverbs: "), std::string::npos)
+        << sender->channel();
   }
 }
 

@@ -43,6 +43,7 @@ enum class RawFrame : uint8_t {
   kHandleWanted = 16,
   kReceiveHandle = 17,
   kSentPart = 18,
+  kChannelReady = 19,
 };
 
 // Little-endian fields, appended.
@@ -94,10 +95,10 @@ inline uint64_t read_u64_le(std::span<const uint8_t> bytes, size_t at) {
 class RawEndpointPeer {
  public:
   static constexpr uint32_t kMagic = 0x50454252;
-  static constexpr uint16_t kVersion = 3;
+  static constexpr uint16_t kVersion = 4;
 
   // Connects to `address` and sends the hello and a channel offer that
-  // declines shared memory. The real side's answers are read by finish()
+  // declines shared memory and RDMA. The real side's answers are read by finish()
   // (call it once the listener has accepted: both fit in the socket
   // buffers, so one thread can do both sides). Empty on failure.
   static std::optional<RawEndpointPeer> start(const std::string& address, uint64_t manager_id) {
@@ -120,7 +121,9 @@ class RawEndpointPeer {
         raw_frame(RawFrame::kHello, RawPayload().u32(kMagic).u16(kVersion).u64(manager_id)));
   }
   bool send_offer() {
-    return send(raw_frame(RawFrame::kChannelOffer, RawPayload().u8(0).blob("a raw test peer")));
+    return send(
+        raw_frame(RawFrame::kChannelOffer,
+                  RawPayload().u8(0).blob("a raw test peer").u8(0).blob("a raw test peer")));
   }
 
   // Reads the real side's hello and channel answer: true when both are
@@ -132,7 +135,7 @@ class RawEndpointPeer {
       return false;
     }
     return read_frame(type, payload, timeout) && type == RawFrame::kChannelAnswer &&
-           payload.size() >= 3 && payload[0] == 0;
+           payload.size() >= 7 && payload[0] == 0;
   }
 
   bool send(std::span<const uint8_t> bytes) {

@@ -43,7 +43,8 @@ class HostileEndpointTest : public ::testing::Test {
     EXPECT_TRUE(accepted.ok()) << accepted.status().to_string();
     EXPECT_TRUE(raw->finish(kFrameWait)) << "the real side's hello or channel answer was wrong";
     if (!accepted.ok()) return nullptr;
-    EXPECT_NE((*accepted)->channel().find("tcp (the peer:"), std::string::npos)
+    EXPECT_EQ((*accepted)->channel(),
+              "tcp (shared memory: the peer: a raw test peer; RDMA: the peer: a raw test peer)")
         << (*accepted)->channel();
     return std::move(accepted).value();
   }

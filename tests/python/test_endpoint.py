@@ -80,7 +80,8 @@ def test_the_channel_is_the_one_both_sides_allow(peer: Peer) -> None:
         assert theirs == "shared memory"
     else:  # each side says why, from where it stands
         assert "memory backend: not enabled" in peer.ep.channel
-        assert theirs.startswith("tcp (the peer: its memory backend")
+        assert theirs.startswith("tcp (shared memory: the peer: its memory backend"), theirs
+        assert "; RDMA: " in theirs, theirs
     assert peer.ep.peer.startswith("127.0.0.1:")
 
 

@@ -1,0 +1,418 @@
+#include "backends/ibverbs/message_channel.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "backends/ibverbs/handshake.h"
+#include "backends/ibverbs/queue_pair.h"
+#include "common/socket.h"
+#include "common/wire.h"
+
+namespace rdmabuf::ibverbs {
+namespace {
+
+// Receives each side keeps posted, and SENDs a writer has in flight at
+// most: 512 KiB each way, as the shared-memory rings.
+constexpr uint32_t kSlots = 32;
+// The bytes of one SEND, and of one posted receive.
+constexpr uint32_t kSlotBytes = 16 * 1024;
+// The work request id of the credit read (SENDs carry their number).
+constexpr uint64_t kCreditRead = ~uint64_t{0};
+// Completions taken at once.
+constexpr int kPollBatch = 16;
+
+class VerbsChannel final : public MessageChannel {
+ public:
+  static Result<std::unique_ptr<MessageChannel>> create(std::shared_ptr<const Device> device) {
+    std::unique_ptr<VerbsChannel> channel(new VerbsChannel(std::move(device)));
+    RDMABUF_RETURN_IF_ERROR(channel->set_up());
+    return std::unique_ptr<MessageChannel>(std::move(channel));
+  }
+
+  ~VerbsChannel() override {
+    qp_.reset();  // first: it posts into the memory below (and takes the events left)
+    if (events_) lib_.destroy_comp_channel(events_);
+    slots_mr_.reset();
+    posted_mr_.reset();
+    if (memory_ != MAP_FAILED) ::munmap(memory_, kMemoryBytes);
+  }
+
+  // address(): the queue pair's endpoint, the posted-receives word's
+  // address and key, and the receives' shape.
+  std::vector<uint8_t> address() const override {
+    std::vector<uint8_t> out;
+    WireWriter w(out);
+    put_endpoint(w, qp_->local());
+    w.put<uint64_t>(reinterpret_cast<uintptr_t>(posted_word()));
+    w.put<uint32_t>(posted_mr_->rkey());
+    w.put<uint32_t>(kSlots);
+    w.put<uint32_t>(kSlotBytes);
+    return out;
+  }
+
+  Status connect(std::span<const uint8_t> peer) override {
+    WireReader r(peer);
+    RDMABUF_ASSIGN_OR_RETURN(Endpoint endpoint, get_endpoint(r));
+    peer_posted_addr_ = r.get<uint64_t>();
+    peer_posted_rkey_ = r.get<uint32_t>();
+    const uint32_t slots = r.get<uint32_t>();
+    const uint32_t slot_bytes = r.get<uint32_t>();
+    if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed ibverbs channel address");
+    if (slots != kSlots || slot_bytes != kSlotBytes) {
+      return ProtocolError("the peer's ibverbs channel posts " + std::to_string(slots) +
+                           " receives of " + std::to_string(slot_bytes) + " bytes (this side " +
+                           std::to_string(kSlots) + " of " + std::to_string(kSlotBytes) + ")");
+    }
+    return qp_->connect(endpoint);
+  }
+
+  std::string describe() const override { return "ibverbs (" + device_->name() + ", SEND/RECV)"; }
+
+  // --- the writer ------------------------------------------------------------
+
+  Result<bool> write_whole(std::span<const uint8_t> first,
+                           std::span<const std::span<const uint8_t>> pieces) override {
+    size_t total = first.size();
+    for (const auto& piece : pieces)
+      total += piece.size();
+    if (total == 0) return true;
+    if (total > capacity()) {
+      return InvalidArgument("a write of " + std::to_string(total) +
+                             " bytes into an ibverbs channel (at most " +
+                             std::to_string(capacity()) + ")");
+    }
+    const uint64_t sends = (total + kSlotBytes - 1) / kSlotBytes;
+    if (!has_room(sends)) {
+      RDMABUF_RETURN_IF_ERROR(take_send_completions());
+      if (!has_room(sends)) {
+        RDMABUF_RETURN_IF_ERROR(read_credits());
+        return false;
+      }
+    }
+    RDMABUF_RETURN_IF_ERROR(post_sends(first, pieces, total));
+    // Fewer than half the peer's receives left: ask for its count now, so
+    // that it is back before they run out.
+    if (peer_receives_ - sends_posted_ < kSlots / 2) RDMABUF_RETURN_IF_ERROR(read_credits());
+    return true;
+  }
+
+  size_t capacity() const override { return size_t{kSlots} * kSlotBytes; }
+
+  void drain(std::chrono::milliseconds limit) override {
+    const Deadline deadline = Clock::now() + limit;
+    while (sends_done_ < sends_posted_ && send_failure_.ok() && Clock::now() < deadline) {
+      if (!take_send_completions().ok()) return;
+      if (sends_done_ < sends_posted_) std::this_thread::yield();
+    }
+  }
+
+  // --- the reader ------------------------------------------------------------
+
+  bool has_incoming() override {
+    if (receives_done_ > receives_used_) return true;
+    take_receive_completions();
+    return receives_done_ > receives_used_ || !receive_failure_.ok();
+  }
+
+  Result<std::span<const uint8_t>> peek() override {
+    while (true) {
+      if (receives_done_ == receives_used_) {
+        take_receive_completions();
+        if (receives_done_ == receives_used_) {
+          RDMABUF_RETURN_IF_ERROR(receive_failure_);
+          return std::span<const uint8_t>();
+        }
+      }
+      const uint32_t slot = receives_used_ % kSlots;
+      if (offset_ < lengths_[slot]) {
+        return std::span<const uint8_t>(receive_slot(slot) + offset_, lengths_[slot] - offset_);
+      }
+      repost();  // read out (or empty)
+      RDMABUF_RETURN_IF_ERROR(receive_failure_);
+    }
+  }
+
+  void consume(size_t size) override {
+    if (size == 0 || receives_done_ == receives_used_) return;  // nothing was peeked
+    const uint32_t slot = receives_used_ % kSlots;
+    offset_ = std::min<size_t>(offset_ + size, lengths_[slot]);
+    if (offset_ == lengths_[slot]) repost();
+  }
+
+  Result<size_t> read_some(uint8_t* out, size_t size) override {
+    size_t copied = 0;
+    while (copied < size) {
+      RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> in, peek());
+      if (in.empty()) break;
+      const size_t n = std::min(in.size(), size - copied);
+      std::memcpy(out + copied, in.data(), n);
+      consume(n);
+      copied += n;
+    }
+    return copied;
+  }
+
+  bool arm_wakeup() override {
+    if (ibv_req_notify_cq(qp_->recv_cq(), 0) != 0) {
+      return false;  // cannot sleep on it: the caller looks again
+    }
+    return !has_incoming();
+  }
+
+  int wakeup_fd() const override { return events_->fd; }
+
+  bool take_wakeups() override {
+    bool took = false;
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    while (lib_.get_cq_event(events_, &cq, &context) == 0) {  // non-blocking: EAGAIN ends it
+      lib_.ack_cq_events(cq, 1);
+      took = true;
+    }
+    return took;
+  }
+
+ private:
+  // The send slots, then the receive slots, then the word a credit read
+  // lands in (all registered for local access), on pages of their own; the
+  // posted-receives word, which the peer reads, on the last page,
+  // registered on its own for remote reads of those 8 bytes alone.
+  static constexpr size_t kSlotsBytes = size_t{2} * kSlots * kSlotBytes;
+  static constexpr size_t kPage = 4096;
+  static constexpr size_t kMemoryBytes = kSlotsBytes + 2 * kPage;
+
+  explicit VerbsChannel(std::shared_ptr<const Device> device)
+      : device_(std::move(device)), lib_(device_->lib()) {}
+
+  Status set_up() {
+    memory_ =
+        ::mmap(nullptr, kMemoryBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory_ == MAP_FAILED) return ResourceExhausted("mmap: " + errno_text(errno));
+    RDMABUF_ASSIGN_OR_RETURN(
+        slots_mr_, register_range(*device_, memory_, kSlotsBytes + kPage, IBV_ACCESS_LOCAL_WRITE));
+    RDMABUF_ASSIGN_OR_RETURN(posted_mr_,
+                             register_range(*device_, posted_word(), sizeof(uint64_t),
+                                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
+    events_ = lib_.create_comp_channel(device_->context());
+    if (!events_)
+      return ResourceExhausted("cannot create a completion channel: " + errno_text(errno));
+    const int flags = ::fcntl(events_->fd, F_GETFL);
+    if (flags < 0 || ::fcntl(events_->fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+      return Internal("fcntl: " + errno_text(errno));
+    }
+    QueuePair::Shape shape;
+    shape.send_depth = kSlots + 1;  // the SENDs and a credit read
+    shape.receive_depth = kSlots;
+    shape.receive_events = events_;
+    RDMABUF_ASSIGN_OR_RETURN(qp_, QueuePair::create(*device_, shape));
+    if (qp_->depth() < kSlots + 1) {
+      return ResourceExhausted("the device takes " + std::to_string(qp_->depth()) +
+                               " work requests per queue pair (an ibverbs channel needs " +
+                               std::to_string(kSlots + 1) + ")");
+    }
+    for (uint32_t slot = 0; slot < kSlots; ++slot)
+      RDMABUF_RETURN_IF_ERROR(post_receive(slot));
+    publish_posted(kSlots);
+    // Armed from the start: the reader may sleep before it first looks.
+    if (ibv_req_notify_cq(qp_->recv_cq(), 0) != 0) {
+      return Internal("cannot arm the receive queue's completion events");
+    }
+    return Status::Ok();
+  }
+
+  uint8_t* send_slot(uint64_t slot) const {
+    return static_cast<uint8_t*>(memory_) + slot * kSlotBytes;
+  }
+  uint8_t* receive_slot(uint64_t slot) const { return send_slot(kSlots + slot); }
+  uint64_t* credit_word() const {
+    return reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(memory_) + kSlotsBytes);
+  }
+  uint64_t* posted_word() const {
+    return reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(memory_) + kSlotsBytes + kPage);
+  }
+
+  // Whether `sends` more SENDs may go now: the peer posted receives for
+  // them, and their send slots are free.
+  bool has_room(uint64_t sends) const {
+    return sends_posted_ + sends <= peer_receives_ && sends_posted_ + sends - sends_done_ <= kSlots;
+  }
+
+  // Copies the bytes into the next send slots and posts a SEND for each.
+  Status post_sends(std::span<const uint8_t> first,
+                    std::span<const std::span<const uint8_t>> pieces, size_t total) {
+    ibv_sge sge[kSlots];
+    ibv_send_wr wr[kSlots];
+    uint32_t count = 0;
+    size_t filled = 0;  // bytes in the slot being filled
+    auto add = [&](std::span<const uint8_t> bytes) {
+      while (!bytes.empty()) {
+        if (filled == 0 || filled == kSlotBytes) {
+          filled = 0;
+          ++count;
+        }
+        const size_t n = std::min(bytes.size(), kSlotBytes - filled);
+        std::memcpy(send_slot((sends_posted_ + count - 1) % kSlots) + filled, bytes.data(), n);
+        filled += n;
+        bytes = bytes.subspan(n);
+      }
+    };
+    add(first);
+    for (const auto& piece : pieces)
+      add(piece);
+    for (uint32_t i = 0; i < count; ++i) {
+      const uint64_t number = sends_posted_ + i;
+      sge[i] = {reinterpret_cast<uintptr_t>(send_slot(number % kSlots)),
+                static_cast<uint32_t>(std::min<size_t>(kSlotBytes, total - size_t{i} * kSlotBytes)),
+                slots_mr_->lkey()};
+      wr[i] = {};
+      wr[i].wr_id = number;
+      wr[i].sg_list = &sge[i];
+      wr[i].num_sge = 1;
+      wr[i].opcode = IBV_WR_SEND;
+      wr[i].send_flags = IBV_SEND_SIGNALED;
+      wr[i].next = i + 1 < count ? &wr[i + 1] : nullptr;
+    }
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp_->qp(), wr, &bad);
+    if (rc != 0) return fail_sending("cannot post a SEND: " + errno_text(rc));
+    sends_posted_ += count;
+    return Status::Ok();
+  }
+
+  // Reads the peer's posted-receives count (once at a time), to learn the
+  // credits it gave since the last read.
+  Status read_credits() {
+    if (credit_read_pending_) return Status::Ok();
+    ibv_sge sge{reinterpret_cast<uintptr_t>(credit_word()), sizeof(uint64_t), slots_mr_->lkey()};
+    ibv_send_wr wr{};
+    wr.wr_id = kCreditRead;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = peer_posted_addr_;
+    wr.wr.rdma.rkey = peer_posted_rkey_;
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp_->qp(), &wr, &bad);
+    if (rc != 0) return fail_sending("cannot post the credit read: " + errno_text(rc));
+    credit_read_pending_ = true;
+    return Status::Ok();
+  }
+
+  Status take_send_completions() {
+    RDMABUF_RETURN_IF_ERROR(send_failure_);
+    ibv_wc wc[kPollBatch];
+    const int n = ibv_poll_cq(qp_->cq(), kPollBatch, wc);
+    if (n < 0) return fail_sending("cannot poll the send queue's completions");
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        return fail_sending(std::string(wc[i].wr_id == kCreditRead ? "a credit read" : "a SEND") +
+                            " failed: " + lib_.wc_status_str(wc[i].status));
+      }
+      if (wc[i].wr_id != kCreditRead) {
+        ++sends_done_;
+        continue;
+      }
+      credit_read_pending_ = false;
+      // The peer cannot have posted receives for more than it read of ours
+      // and its first kSlots: a larger count is a lie, and it is capped.
+      const uint64_t posted =
+          std::atomic_ref<uint64_t>(*credit_word()).load(std::memory_order_acquire);
+      peer_receives_ = std::clamp(posted, peer_receives_, sends_posted_ + kSlots);
+    }
+    return Status::Ok();
+  }
+
+  [[gnu::cold]] Status fail_sending(const std::string& why) {
+    if (send_failure_.ok()) send_failure_ = Unavailable("the ibverbs channel to the peer: " + why);
+    return send_failure_;
+  }
+
+  Status post_receive(uint32_t slot) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(receive_slot(slot)), kSlotBytes, slots_mr_->lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = slot;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    const int rc = ibv_post_recv(qp_->qp(), &wr, &bad);
+    if (rc != 0) return Unavailable("cannot post a receive: " + errno_text(rc));
+    return Status::Ok();
+  }
+
+  // The peer may read the count from now on.
+  void publish_posted(uint64_t posted) {
+    std::atomic_ref<uint64_t>(*posted_word()).store(posted, std::memory_order_release);
+  }
+
+  // Posts the receive that was read out again (the oldest one taken).
+  void repost() {
+    const uint32_t slot = receives_used_ % kSlots;
+    Status posted = post_receive(slot);
+    if (!posted.ok()) {
+      if (receive_failure_.ok()) receive_failure_ = posted;
+      return;
+    }
+    ++receives_used_;
+    offset_ = 0;
+    publish_posted(receives_used_ + kSlots);
+  }
+
+  void take_receive_completions() {
+    if (!receive_failure_.ok()) return;
+    ibv_wc wc[kPollBatch];
+    const int n = ibv_poll_cq(qp_->recv_cq(), kPollBatch, wc);
+    if (n < 0) receive_failure_ = Unavailable("cannot poll the receive queue's completions");
+    for (int i = 0; i < n; ++i) {
+      const uint64_t slot = receives_done_ % kSlots;
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        receive_failure_ = Unavailable(std::string("the ibverbs channel from the peer: ") +
+                                       lib_.wc_status_str(wc[i].status));
+        return;
+      }
+      if (wc[i].wr_id != slot || wc[i].opcode != IBV_WC_RECV) {
+        receive_failure_ = Internal("an ibverbs channel's receives completed out of order");
+        return;
+      }
+      lengths_[slot] = std::min(wc[i].byte_len, kSlotBytes);
+      ++receives_done_;
+    }
+  }
+
+  std::shared_ptr<const Device> device_;
+  const IbvLib& lib_;
+  void* memory_ = MAP_FAILED;
+  std::shared_ptr<MemoryRegion> slots_mr_;
+  std::shared_ptr<MemoryRegion> posted_mr_;
+  ibv_comp_channel* events_ = nullptr;
+  std::unique_ptr<QueuePair> qp_;
+  uint64_t peer_posted_addr_ = 0;
+  uint32_t peer_posted_rkey_ = 0;
+
+  // The writer's.
+  uint64_t sends_posted_ = 0;
+  uint64_t sends_done_ = 0;
+  uint64_t peer_receives_ = kSlots;  // the receives the peer had posted, as last read
+  bool credit_read_pending_ = false;
+  Status send_failure_;
+
+  // The reader's.
+  uint64_t receives_done_ = 0;  // completions taken
+  uint64_t receives_used_ = 0;  // receives read out and posted again
+  size_t offset_ = 0;           // bytes read of the oldest receive taken
+  uint32_t lengths_[kSlots] = {};
+  Status receive_failure_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<MessageChannel>> open_message_channel(std::shared_ptr<const Device> device) {
+  return VerbsChannel::create(std::move(device));
+}
+
+}  // namespace rdmabuf::ibverbs

@@ -1,0 +1,32 @@
+// Endpoint frames over verbs SEND/RECV (a MessageChannel, rdmabuf/backend.h).
+//
+// Each side posts kSlots receives of kSlotBytes into registered memory of
+// its own and keeps them posted: a receive read out is posted again at
+// once. A write copies its bytes into send slots (registered too) and
+// posts one SEND per slot, so the peer's NIC puts them straight into a
+// posted receive; the reader takes them where they lie.
+//
+// Flow control by credits, with no message for them: each side keeps, in
+// a word the peer may read (RDMA READ), how many receives it has posted in
+// all. A writer may post as many SENDs as that count, so a receive is
+// always waiting (never "receiver not ready"). It reads the word again,
+// without waiting for the answer, once fewer than half its credits are
+// left: a reader that keeps up never holds a writer back, and the reader
+// never posts a thing to hand credits back.
+//
+// A reader that sleeps arms its receive queue's completion events, whose
+// file descriptor then becomes readable when a SEND lands.
+#pragma once
+
+#include <memory>
+
+#include "backends/ibverbs/device.h"
+#include "rdmabuf/backend.h"
+
+namespace rdmabuf::ibverbs {
+
+// A channel on `device`, its receives posted, to be connected (see
+// MessageChannel). kResourceExhausted when the device has no room for it.
+Result<std::unique_ptr<MessageChannel>> open_message_channel(std::shared_ptr<const Device> device);
+
+}  // namespace rdmabuf::ibverbs
