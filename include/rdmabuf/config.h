@@ -36,10 +36,11 @@ struct Config {
   bool allow_tcp_fallback = true;
 
   // RDMABUF_TCP_STREAMS. Connections opened to each peer; large ops are cut
-  // into chunks spread over them. 1..64. (Four moved streamed 1 MiB
-  // messages faster and steadier on a 2-core loopback host, but each
-  // stream is a thread and buffers on both sides: docs/performance.md.)
-  int tcp_streams = 2;
+  // into chunks spread over them. 1..64. Four: on a 2-core loopback host,
+  // two streams' 1 MiB throughput depended on where the scheduler put
+  // their threads; four were faster and steadier (docs/performance.md).
+  // Each stream is a thread and buffers on both sides.
+  int tcp_streams = 4;
 
   // RDMABUF_CHUNK_SIZE (accepts K/M/G suffixes). Ops larger than this are cut
   // into chunks of this size, each an independent request. 4 KiB..1 GiB.

@@ -54,7 +54,7 @@ TEST(ConfigTest, DefaultsAreValid) {
   EXPECT_TRUE(c.advertise_host.empty());
   EXPECT_TRUE(c.backends.empty());
   EXPECT_TRUE(c.allow_tcp_fallback);
-  EXPECT_EQ(c.tcp_streams, 2);
+  EXPECT_EQ(c.tcp_streams, 4);
   EXPECT_EQ(c.chunk_size, size_t{1} << 20);
   EXPECT_EQ(c.busy_poll, std::chrono::microseconds(200));
   EXPECT_EQ(c.default_timeout, std::chrono::milliseconds(30000));
@@ -140,7 +140,7 @@ TEST(ConfigTest, FromEnvEmptyValueMeansUnset) {
   env.set("RDMABUF_LISTEN", "");
   auto c = Config::from_env();
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_EQ(c->tcp_streams, 2);
+  EXPECT_EQ(c->tcp_streams, 4);
   EXPECT_EQ(c->listen_address, "127.0.0.1:0");
 }
 
