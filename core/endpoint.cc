@@ -1829,10 +1829,15 @@ class EndpointImpl {
   // Between two looks at the control channel while spinning. A look at the
   // shared ring is a load: spin on it, a CPU pause at a time (about 25 ns
   // here), for as long as a look at everything else would take about ten
-  // times over, and stop as soon as bytes come. A look at the socket is a
-  // system call, and a yield lets other threads run meanwhile.
+  // times over, and stop as soon as bytes come. So for an RDMA channel,
+  // whose look polls the receive queue's completions in user space: in the
+  // Soft-RoCE VM an 8 B message went one way in 22.4-23.7 us so against
+  // 25.3-25.7 with a yield (three interleaved runs each; 4 KiB the same
+  // within noise), and the look at the clock between spins (a system call
+  // there) came 32 times less often. A look at the socket is a system call,
+  // and a yield lets other threads run meanwhile.
   void relax() {
-    if (!ring_.is_shm()) {
+    if (!ring_) {
       std::this_thread::yield();
       return;
     }

@@ -3,7 +3,8 @@
 // channels of one process connected to each other: bytes in order across
 // receives, a writer held back by the reader's posted receives and let go
 // as it reads, a sleeping reader woken by its completion channel, bad
-// addresses and sizes refused, and a peer that is gone.
+// addresses and sizes refused, and a peer that is gone; and an endpoint
+// handshake whose peer answers the RDMA channel with lies or refusals.
 //
 // The endpoint tests (conformance, */ibverbs) run the whole endpoint over
 // this channel; these pin the channel's own contract. Skipped, with the
@@ -11,10 +12,13 @@
 // (filter Ibverbs*).
 #include <poll.h>
 
+#include <future>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "core/backend_table.h"
+#include "tests/helpers/raw_endpoint.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
@@ -240,6 +244,46 @@ TEST_F(IbverbsChannelTest, AGonePeerTakesNothingAndDoesNotHoldTheWriter) {
   a_->drain(200ms);
   EXPECT_LT(Clock::now() - start, 5s) << "drain() went past its limit";
   a_.reset();  // with SENDs in flight
+}
+
+// The endpoint handshake over RDMA, played by hand against a real
+// listener whose manager has ibverbs only: the answer takes RDMA and
+// carries an address; a peer that then sends a malformed address is
+// dropped (ProtocolError, the listener goes on), and one that says it
+// cannot connect gets frames over TCP with its reason.
+TEST_F(IbverbsChannelTest, AHandshakeThatLiesAboutItsChannelIsRefused) {
+  auto manager = make_manager([](Config& c) { c.backends = {"ibverbs"}; });
+  ASSERT_TRUE(manager);
+  auto listener = manager->listen("127.0.0.1:0");
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  // Hello and an offer of RDMA only, accepted meanwhile (the listener
+  // answers inside accept()); the answer must take RDMA. Then `ready`.
+  auto handshake = [&](const RawPayload& ready) -> Result<std::unique_ptr<Endpoint>> {
+    auto raw = RawEndpointPeer::connect((*listener)->address());
+    if (!raw.has_value()) return Internal("cannot connect");
+    auto accepted = std::async(std::launch::async, [&] { return (*listener)->accept(5s); });
+    RawFrame type{};
+    std::vector<uint8_t> answer;
+    EXPECT_TRUE(raw->send_hello(0x5eed));
+    EXPECT_TRUE(raw->send(raw_frame(RawFrame::kChannelOffer,
+                                    RawPayload().u8(0).blob("a raw test peer").u8(1).blob(""))));
+    EXPECT_TRUE(raw->read_frame(type, answer, 10s) && type == RawFrame::kHello);
+    EXPECT_TRUE(raw->read_frame(type, answer, 10s) && type == RawFrame::kChannelAnswer);
+    EXPECT_TRUE(!answer.empty() && answer[0] == 2) << "the answer did not take RDMA";
+    EXPECT_TRUE(raw->send(raw_frame(RawFrame::kChannelReady, ready)));
+    auto endpoint = accepted.get();
+    if (!endpoint.ok()) {
+      EXPECT_TRUE(raw->closed_by_peer(10s)) << "refused, yet not closed";
+    }
+    return endpoint;
+  };
+  auto lied = handshake(RawPayload().u8(1).blob("not an address"));
+  EXPECT_FALSE(lied.ok()) << "a malformed address was taken";
+  auto refused = handshake(RawPayload().u8(0).blob("no queue pair for you"));
+  ASSERT_TRUE(refused.ok()) << refused.status().to_string();
+  EXPECT_EQ((*refused)->channel(),
+            "tcp (shared memory: the peer: a raw test peer; RDMA: the peer: no queue pair for "
+            "you)");
 }
 
 }  // namespace
