@@ -176,8 +176,8 @@ MessagePeer message_peer(const std::string& backend, const std::vector<BackendIn
     }
     peer.note =
         "perftest: raw verbs SEND/RECV (ib_send_bw at its default queue depth); rdmabuf's\n"
-        "messages of up to 4 KiB travel in frames over TCP, larger ones by RDMA WRITE\n"
-        "(docs/performance.md)";
+        "frames travel as SENDs too (messages up to 64 KiB in them, copied through\n"
+        "receives kept posted), larger messages by RDMA WRITE (docs/performance.md)";
     if (device) {
       peer.run = [device = *device](const std::string& test, uint64_t size,
                                     int iterations) -> Result<UcxFigure> {
