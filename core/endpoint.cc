@@ -41,6 +41,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <utility>
@@ -345,6 +346,10 @@ struct Channel {
   std::unique_ptr<ShmChannel> shm;          // shared-memory rings
   std::unique_ptr<MessageChannel> message;  // an RDMA backend's SEND/RECV
   std::string description;                  // Endpoint::channel()
+  // The accepting side, RDMA taken: waits for the peer's kChannelReady
+  // (finish_rdma_channel); `description` says, meanwhile, why not shared
+  // memory.
+  bool awaiting_ready = false;
 };
 
 // What a channel offer's answer took.
@@ -440,9 +445,11 @@ Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
   auto opened = open_message_channel(manager);
   Status connected = opened.status();
   if (opened.ok()) connected = (*opened)->connect(address);
+  // Malformed: no kChannelReady; the peer reads the end (see
+  // finish_rdma_channel).
+  if (connected.code() == StatusCode::kProtocolError) return connected;
   RDMABUF_RETURN_IF_ERROR(send_ready(
       fd, connected, connected.ok() ? (*opened)->address() : std::vector<uint8_t>(), deadline, -1));
-  if (connected.code() == StatusCode::kProtocolError) return connected;
   if (!connected.ok()) return tcp_channel(shm_why, this_side(connected));
   auto ready = read_ready(fd, deadline, -1);
   if (!ready.ok()) {
@@ -509,19 +516,31 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
   if (!rdma) {
     return tcp_channel(shm_why, rdma_offered == 1 ? this_side(no_rdma) : the_peer(rdma_reason));
   }
-  // The peer's address, once it connected to this side's channel; then
-  // this side connects, and says so.
+  // The peer connects to this side's channel, then sends its address: the
+  // caller goes on with finish_rdma_channel() once it came (not waiting
+  // here: accept() serves other handshakes meanwhile).
+  Channel pending{nullptr, std::move(rdma), shm_why};
+  pending.awaiting_ready = true;
+  return pending;
+}
+
+// The accepting side, once the peer's kChannelReady came: connects
+// `pending`'s channel to the peer's, and says whether it did. A malformed
+// address ends the handshake (the peer reads its end, not a kChannelReady,
+// so that neither side goes on with a channel the other refused).
+Result<Channel> finish_rdma_channel(int fd, Channel pending, Deadline deadline, int stop_fd) {
+  const std::string shm_why = std::move(pending.description);
   auto ready = read_ready(fd, deadline, stop_fd);
   if (!ready.ok()) {
     if (ready.status().code() != StatusCode::kFailedPrecondition) return ready.status();
     return tcp_channel(shm_why, ready.status().message());
   }
-  Status connected = rdma->connect(*ready);
-  RDMABUF_RETURN_IF_ERROR(send_ready(fd, connected, {}, deadline, stop_fd));
+  Status connected = pending.message->connect(*ready);
   if (connected.code() == StatusCode::kProtocolError) return connected;
+  RDMABUF_RETURN_IF_ERROR(send_ready(fd, connected, {}, deadline, stop_fd));
   if (!connected.ok()) return tcp_channel(shm_why, this_side(connected));
-  std::string description = rdma->describe();
-  return Channel{nullptr, std::move(rdma), std::move(description)};
+  std::string description = pending.message->describe();
+  return Channel{nullptr, std::move(pending.message), std::move(description)};
 }
 
 // The channel frames travel through instead of the TCP connection, when
@@ -1881,11 +1900,15 @@ class EndpointImpl {
   void take_doorbells() {
     uint8_t bells[64];
     bool took = false;
-    while (true) {
+    // At most kMostReads reads a call: a peer that floods the connection
+    // (which carries nothing but doorbells) cannot keep the reader here.
+    constexpr int kMostReads = 16;
+    for (int reads = 0; reads < kMostReads;) {
       ssize_t n = ::recv(fd_.get(), bells, sizeof bells, MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n > 0) {
         took = true;
+        ++reads;
         continue;
       }
       if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) peer_closed_ = true;
@@ -2847,6 +2870,8 @@ struct Handshake {
   Deadline limit;    // kHandshakeLimit after it was accepted
   bool hello_read = false;
   uint64_t peer_id = 0;  // once hello_read
+  // Its channel answered, RDMA taken: the peer's kChannelReady comes next.
+  std::optional<Channel> awaiting_ready;
 };
 
 }  // namespace
@@ -2983,7 +3008,15 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
         }
         failed = peer_id.status();
       } else if (readable) {
-        auto channel = answer_channel(h.fd.get(), state_->manager, h.limit, stop);
+        auto channel =
+            h.awaiting_ready
+                ? finish_rdma_channel(h.fd.get(), std::move(*h.awaiting_ready), h.limit, stop)
+                : answer_channel(h.fd.get(), state_->manager, h.limit, stop);
+        h.awaiting_ready.reset();
+        if (channel.ok() && channel->awaiting_ready) {
+          h.awaiting_ready = std::move(channel).value();
+          continue;  // its kChannelReady: the next poll
+        }
         if (channel.ok()) {
           Handshake done = std::move(h);
           mine.erase(mine.begin() + static_cast<ptrdiff_t>(i));

@@ -188,7 +188,12 @@ std::vector<std::string> list_devices(const IbvLib& lib) {
 
 Result<std::shared_ptr<MemoryRegion>> register_range(const Device& device, const void* addr,
                                                      size_t size, int access) {
-  ibv_mr* mr = device.lib().reg_mr(device.pd(), const_cast<void*>(addr), size, access);
+  return register_range(device, device.pd(), addr, size, access);
+}
+
+Result<std::shared_ptr<MemoryRegion>> register_range(const Device& device, ibv_pd* pd,
+                                                     const void* addr, size_t size, int access) {
+  ibv_mr* mr = device.lib().reg_mr(pd, const_cast<void*>(addr), size, access);
   if (!mr) {
     int err = errno;
     return ResourceExhausted("cannot register " + format_bytes(size) + " with " + device.name() +

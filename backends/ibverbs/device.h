@@ -76,9 +76,12 @@ class MemoryRegion {
   ibv_mr* mr_;
 };
 
-// Registers [addr, addr + size) on `device` with `access` flags.
+// Registers [addr, addr + size) on `device` with `access` flags, in its
+// protection domain or in `pd` (one of the device's).
 Result<std::shared_ptr<MemoryRegion>> register_range(const Device& device, const void* addr,
                                                      size_t size, int access);
+Result<std::shared_ptr<MemoryRegion>> register_range(const Device& device, ibv_pd* pd,
+                                                     const void* addr, size_t size, int access);
 
 // Registrations of the reader's local memory, cached while the memory's
 // keepalive lives (memory without a keepalive is registered per use: the

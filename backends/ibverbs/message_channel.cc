@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <span>
 #include <thread>
 
 #include "backends/ibverbs/handshake.h"
@@ -39,6 +40,7 @@ class VerbsChannel final : public MessageChannel {
     if (events_) lib_.destroy_comp_channel(events_);
     slots_mr_.reset();
     posted_mr_.reset();
+    if (pd_) lib_.dealloc_pd(pd_);
     if (memory_ != MAP_FAILED) ::munmap(memory_, kMemoryBytes);
   }
 
@@ -132,8 +134,7 @@ class VerbsChannel final : public MessageChannel {
       if (offset_ < lengths_[slot]) {
         return std::span<const uint8_t>(receive_slot(slot) + offset_, lengths_[slot] - offset_);
       }
-      repost();  // read out (or empty)
-      RDMABUF_RETURN_IF_ERROR(receive_failure_);
+      if (!repost()) return receive_failure_;  // read out (or empty)
     }
   }
 
@@ -159,7 +160,11 @@ class VerbsChannel final : public MessageChannel {
 
   bool arm_wakeup() override {
     if (ibv_req_notify_cq(qp_->recv_cq(), 0) != 0) {
-      return false;  // cannot sleep on it: the caller looks again
+      // No wakeup would come: a failure, which the reader's next look says.
+      if (receive_failure_.ok()) {
+        receive_failure_ = Unavailable("cannot arm the receive queue's completion events");
+      }
+      return false;
     }
     return !has_incoming();
   }
@@ -193,10 +198,14 @@ class VerbsChannel final : public MessageChannel {
     memory_ =
         ::mmap(nullptr, kMemoryBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (memory_ == MAP_FAILED) return ResourceExhausted("mmap: " + errno_text(errno));
-    RDMABUF_ASSIGN_OR_RETURN(
-        slots_mr_, register_range(*device_, memory_, kSlotsBytes + kPage, IBV_ACCESS_LOCAL_WRITE));
+    // A protection domain of its own: the peer's queue pair reaches the
+    // count word and nothing of the buffers registered in the device's.
+    pd_ = lib_.alloc_pd(device_->context());
+    if (!pd_) return ResourceExhausted("cannot allocate a protection domain: " + errno_text(errno));
+    RDMABUF_ASSIGN_OR_RETURN(slots_mr_, register_range(*device_, pd_, memory_, kSlotsBytes + kPage,
+                                                       IBV_ACCESS_LOCAL_WRITE));
     RDMABUF_ASSIGN_OR_RETURN(posted_mr_,
-                             register_range(*device_, posted_word(), sizeof(uint64_t),
+                             register_range(*device_, pd_, posted_word(), sizeof(uint64_t),
                                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
     events_ = lib_.create_comp_channel(device_->context());
     if (!events_)
@@ -209,6 +218,8 @@ class VerbsChannel final : public MessageChannel {
     shape.send_depth = kSlots + 1;  // the SENDs and a credit read
     shape.receive_depth = kSlots;
     shape.receive_events = events_;
+    shape.pd = pd_;
+    shape.remote_access = IBV_ACCESS_REMOTE_READ;  // the count word's reads alone
     RDMABUF_ASSIGN_OR_RETURN(qp_, QueuePair::create(*device_, shape));
     if (qp_->depth() < kSlots + 1) {
       return ResourceExhausted("the device takes " + std::to_string(qp_->depth()) +
@@ -304,12 +315,20 @@ class VerbsChannel final : public MessageChannel {
     return Status::Ok();
   }
 
+  // Takes every completion of the send queue.
   Status take_send_completions() {
     RDMABUF_RETURN_IF_ERROR(send_failure_);
     ibv_wc wc[kPollBatch];
-    const int n = ibv_poll_cq(qp_->cq(), kPollBatch, wc);
-    if (n < 0) return fail_sending("cannot poll the send queue's completions");
-    for (int i = 0; i < n; ++i) {
+    int n = kPollBatch;
+    while (n == kPollBatch) {
+      n = ibv_poll_cq(qp_->cq(), kPollBatch, wc);
+      if (n < 0) return fail_sending("cannot poll the send queue's completions");
+      RDMABUF_RETURN_IF_ERROR(take_send_completions(std::span<const ibv_wc>(wc, n)));
+    }
+    return Status::Ok();
+  }
+  Status take_send_completions(std::span<const ibv_wc> wc) {
+    for (size_t i = 0; i < wc.size(); ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) {
         return fail_sending(std::string(wc[i].wr_id == kCreditRead ? "a credit read" : "a SEND") +
                             " failed: " + lib_.wc_status_str(wc[i].status));
@@ -350,17 +369,19 @@ class VerbsChannel final : public MessageChannel {
     std::atomic_ref<uint64_t>(*posted_word()).store(posted, std::memory_order_release);
   }
 
-  // Posts the receive that was read out again (the oldest one taken).
-  void repost() {
+  // Posts the receive that was read out again (the oldest one taken):
+  // false when it could not (receive_failure_ says why).
+  bool repost() {
     const uint32_t slot = receives_used_ % kSlots;
     Status posted = post_receive(slot);
     if (!posted.ok()) {
       if (receive_failure_.ok()) receive_failure_ = posted;
-      return;
+      return false;
     }
     ++receives_used_;
     offset_ = 0;
     publish_posted(receives_used_ + kSlots);
+    return true;
   }
 
   void take_receive_completions() {
@@ -370,12 +391,23 @@ class VerbsChannel final : public MessageChannel {
     if (n < 0) receive_failure_ = Unavailable("cannot poll the receive queue's completions");
     for (int i = 0; i < n; ++i) {
       const uint64_t slot = receives_done_ % kSlots;
+      // What the peer can cause (a SEND larger than a receive, a write
+      // with immediate, which takes a receive too) is its protocol error.
+      if (wc[i].status == IBV_WC_LOC_LEN_ERR) {
+        receive_failure_ =
+            ProtocolError("the peer sent more than an ibverbs channel's receive holds");
+        return;
+      }
       if (wc[i].status != IBV_WC_SUCCESS) {
         receive_failure_ = Unavailable(std::string("the ibverbs channel from the peer: ") +
                                        lib_.wc_status_str(wc[i].status));
         return;
       }
-      if (wc[i].wr_id != slot || wc[i].opcode != IBV_WC_RECV) {
+      if (wc[i].opcode != IBV_WC_RECV) {
+        receive_failure_ = ProtocolError("the peer wrote into an ibverbs channel's receives");
+        return;
+      }
+      if (wc[i].wr_id != slot) {
         receive_failure_ = Internal("an ibverbs channel's receives completed out of order");
         return;
       }
@@ -387,6 +419,7 @@ class VerbsChannel final : public MessageChannel {
   std::shared_ptr<const Device> device_;
   const IbvLib& lib_;
   void* memory_ = MAP_FAILED;
+  ibv_pd* pd_ = nullptr;  // the channel's own
   std::shared_ptr<MemoryRegion> slots_mr_;
   std::shared_ptr<MemoryRegion> posted_mr_;
   ibv_comp_channel* events_ = nullptr;

@@ -54,7 +54,7 @@ Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   init.sq_sig_all = 0;
-  qp->qp_ = lib.create_qp(device.pd(), &init);
+  qp->qp_ = lib.create_qp(shape.pd ? shape.pd : device.pd(), &init);
   if (!qp->qp_) return ResourceExhausted("cannot create a queue pair: " + errno_text(errno));
   qp->psn_ = static_cast<uint32_t>(secure_random_u64() & 0xffffff);
 
@@ -62,7 +62,7 @@ Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const
   attr.qp_state = IBV_QPS_INIT;
   attr.pkey_index = 0;
   attr.port_num = device.port();
-  attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+  attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | shape.remote_access;
   RDMABUF_RETURN_IF_ERROR(
       modify(lib, qp->qp_, attr,
              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT"));

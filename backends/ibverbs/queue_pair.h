@@ -29,9 +29,13 @@ class QueuePair {
     // Where the receive queue's completion events go (null: none); its
     // file descriptor must not block (the destructor takes the events left).
     ibv_comp_channel* receive_events = nullptr;
+    // The protection domain (null: the device's), and what the peer may do
+    // through the pair in memory registered in it for remote access.
+    ibv_pd* pd = nullptr;
+    int remote_access = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
   };
-  // Completion queues and a queue pair in INIT, allowing remote reads and
-  // writes into memory registered for it.
+  // Completion queues and a queue pair in INIT, allowing the peer
+  // `shape.remote_access` into memory registered for it.
   static Result<std::unique_ptr<QueuePair>> create(const Device& device, const Shape& shape);
   static Result<std::unique_ptr<QueuePair>> create(const Device& device, uint32_t depth) {
     return create(device, Shape{depth});
