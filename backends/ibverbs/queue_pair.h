@@ -51,9 +51,9 @@ class QueuePair {
   Status to_error();
 
   ibv_qp* qp() const { return qp_; }
-  ibv_cq* cq() const {
-    return cq_;
-  }  // the send queue's (and the receives', with none of their own)
+  // The send queue's completion queue (and the receives', when they have
+  // none of their own).
+  ibv_cq* cq() const { return cq_; }
   ibv_cq* recv_cq() const { return recv_cq_ ? recv_cq_ : cq_; }
   uint32_t depth() const { return depth_; }
 
