@@ -312,10 +312,12 @@ Result<uint64_t> read_hello(int fd, Deadline deadline, int stop_fd = -1) {
 
 // --- the channel: shared-memory rings when both managers share a host ------------
 
-// Whether this manager may move endpoint frames through shared memory: as
-// far as it is concerned, when its memory backend is viable.
-Status shared_memory_allowed(Manager& manager) {
-  for (const BackendInfo& backend : manager.backends()) {
+// Whether a manager whose Manager::backends() are `backends` may move
+// endpoint frames through shared memory: as far as it is concerned, when
+// its memory backend is viable. (The list is taken once per handshake:
+// it asks every backend, and ibverbs opens every device for it.)
+Status shared_memory_allowed(std::span<const BackendInfo> backends) {
+  for (const BackendInfo& backend : backends) {
     if (backend.name != "memory") continue;
     if (backend.viable) return Status::Ok();
     return FailedPrecondition("its memory backend: " + backend.reason);
@@ -323,12 +325,12 @@ Status shared_memory_allowed(Manager& manager) {
   return FailedPrecondition("it has no memory backend");
 }
 
-// Whether this manager may move endpoint frames over an RDMA message
-// channel (MessageChannel): when one of its RDMA backends is viable. (The
-// channel itself is opened only once the peer wants it.)
-Status rdma_messages_allowed(Manager& manager) {
+// The same for an RDMA message channel (MessageChannel): when one of its
+// RDMA backends is viable. (The channel itself is opened only once the
+// peer wants it.)
+Status rdma_messages_allowed(std::span<const BackendInfo> backends) {
   std::string why;
-  for (const BackendInfo& backend : manager.backends()) {
+  for (const BackendInfo& backend : backends) {
     if (backend.level != TransportLevel::kNic) continue;
     if (backend.viable) return Status::Ok();
     why += (why.empty() ? "" : "; ") + backend.name + ": " + backend.reason;
@@ -399,7 +401,8 @@ Result<std::vector<uint8_t>> read_ready(int fd, Deadline deadline, int stop_fd) 
 // way, the connecting side's first), each connecting its queue pair before
 // it sends its own: once the second has come, both ends take frames.
 Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
-  Status allowed = shared_memory_allowed(manager);
+  const std::vector<BackendInfo> backends = manager.backends();
+  Status allowed = shared_memory_allowed(backends);
   std::unique_ptr<ShmChannel> shm;
   if (allowed.ok()) {
     auto created = ShmChannel::create();
@@ -409,7 +412,7 @@ Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
       allowed = created.status();
     }
   }
-  const Status rdma_allowed = rdma_messages_allowed(manager);
+  const Status rdma_allowed = rdma_messages_allowed(backends);
   FrameBuilder offer(Frame::kChannelOffer);
   if (shm) {
     const ShmChannel::Offer o = shm->offer();
@@ -488,9 +491,11 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
       r.remaining() != 0) {
     return ProtocolError("malformed endpoint channel offer");
   }
+  const std::vector<BackendInfo> backends =
+      offered == 1 || rdma_offered == 1 ? manager.backends() : std::vector<BackendInfo>();
   // Shared memory first; its refusal, said by this side, goes to the peer.
   std::unique_ptr<ShmChannel> shm;
-  Status no_shm = offered == 1 ? shared_memory_allowed(manager) : Status::Ok();
+  Status no_shm = offered == 1 ? shared_memory_allowed(backends) : Status::Ok();
   if (offered == 1 && no_shm.ok()) {
     auto opened = ShmChannel::open(offer);
     no_shm = opened.status();
@@ -499,7 +504,7 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
   const std::string shm_why = offered == 1 ? this_side(no_shm) : the_peer(reason);
   // Else RDMA, when both sides may.
   std::unique_ptr<MessageChannel> rdma;
-  Status no_rdma = shm || rdma_offered != 1 ? Status::Ok() : rdma_messages_allowed(manager);
+  Status no_rdma = shm || rdma_offered != 1 ? Status::Ok() : rdma_messages_allowed(backends);
   if (!shm && rdma_offered == 1 && no_rdma.ok()) {
     auto opened = open_message_channel(manager);
     no_rdma = opened.status();
