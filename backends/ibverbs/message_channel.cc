@@ -24,6 +24,17 @@ constexpr uint32_t kSlots = 32;
 constexpr uint32_t kSlotBytes = 16 * 1024;
 // The work request id of the credit read (SENDs carry their number).
 constexpr uint64_t kCreditRead = ~uint64_t{0};
+// One SEND in this many asks for a completion: the send queue completes in
+// order, so its completion says the ones before it are done too, and the
+// others cost the NIC no completion to write nor the writer one to take.
+// A divisor of kSlots, and well below it: a writer that ran out of send
+// slots always has a signalled SEND among those in flight to wait for.
+constexpr uint64_t kSignalEvery = 8;
+static_assert(kSlots % kSignalEvery == 0 && kSignalEvery <= kSlots / 2);
+// SENDs up to this size go inline (IBV_SEND_INLINE): in the work request
+// itself, so the NIC need not read them from memory. Asked of the device,
+// which may grant less.
+constexpr uint32_t kInlineBytes = 256;
 // Completions taken at once.
 constexpr int kPollBatch = 16;
 
@@ -107,8 +118,16 @@ class VerbsChannel final : public MessageChannel {
 
   void drain(std::chrono::milliseconds limit) override {
     const Deadline deadline = Clock::now() + limit;
+    // The SENDs after the last signalled one complete unseen: a credit
+    // read posted behind them completes after them (taken as done by
+    // take_send_completions).
+    bool marked = false;
     while (sends_done_ < sends_posted_ && send_failure_.ok() && Clock::now() < deadline) {
       if (!take_send_completions().ok()) return;
+      if (!marked && !credit_read_pending_) {
+        if (!read_credits().ok()) return;
+        marked = true;
+      }
       if (sends_done_ < sends_posted_) std::this_thread::yield();
     }
   }
@@ -220,6 +239,7 @@ class VerbsChannel final : public MessageChannel {
     shape.receive_events = events_;
     shape.pd = pd_;
     shape.remote_access = IBV_ACCESS_REMOTE_READ;  // the count word's reads alone
+    shape.inline_bytes = kInlineBytes;
     RDMABUF_ASSIGN_OR_RETURN(qp_, QueuePair::create(*device_, shape));
     if (qp_->depth() < kSlots + 1) {
       return ResourceExhausted("the device takes " + std::to_string(qp_->depth()) +
@@ -277,15 +297,16 @@ class VerbsChannel final : public MessageChannel {
       add(piece);
     for (uint32_t i = 0; i < count; ++i) {
       const uint64_t number = sends_posted_ + i;
-      sge[i] = {reinterpret_cast<uintptr_t>(send_slot(number % kSlots)),
-                static_cast<uint32_t>(std::min<size_t>(kSlotBytes, total - size_t{i} * kSlotBytes)),
-                slots_mr_->lkey()};
+      const auto length =
+          static_cast<uint32_t>(std::min<size_t>(kSlotBytes, total - size_t{i} * kSlotBytes));
+      sge[i] = {reinterpret_cast<uintptr_t>(send_slot(number % kSlots)), length, slots_mr_->lkey()};
       wr[i] = {};
       wr[i].wr_id = number;
       wr[i].sg_list = &sge[i];
       wr[i].num_sge = 1;
       wr[i].opcode = IBV_WR_SEND;
-      wr[i].send_flags = IBV_SEND_SIGNALED;
+      if (number % kSignalEvery == kSignalEvery - 1) wr[i].send_flags |= IBV_SEND_SIGNALED;
+      if (length <= qp_->inline_bytes()) wr[i].send_flags |= IBV_SEND_INLINE;
       wr[i].next = i + 1 < count ? &wr[i + 1] : nullptr;
     }
     ibv_send_wr* bad = nullptr;
@@ -312,6 +333,7 @@ class VerbsChannel final : public MessageChannel {
     const int rc = ibv_post_send(qp_->qp(), &wr, &bad);
     if (rc != 0) return fail_sending("cannot post the credit read: " + errno_text(rc));
     credit_read_pending_ = true;
+    credit_read_sends_ = sends_posted_;
     return Status::Ok();
   }
 
@@ -334,9 +356,11 @@ class VerbsChannel final : public MessageChannel {
                             " failed: " + lib_.wc_status_str(wc[i].status));
       }
       if (wc[i].wr_id != kCreditRead) {
-        ++sends_done_;
+        sends_done_ = wc[i].wr_id + 1;  // and those before it, unsignalled
         continue;
       }
+      // Posted behind every SEND posted before it: those are done too.
+      sends_done_ = std::max(sends_done_, credit_read_sends_);
       credit_read_pending_ = false;
       // The peer cannot have posted receives for more than it read of ours
       // and its first kSlots: a larger count is a lie, and it is capped.
@@ -432,6 +456,7 @@ class VerbsChannel final : public MessageChannel {
   uint64_t sends_done_ = 0;
   uint64_t peer_receives_ = kSlots;  // the receives the peer had posted, as last read
   bool credit_read_pending_ = false;
+  uint64_t credit_read_sends_ = 0;  // the SENDs posted before the pending credit read
   Status send_failure_;
 
   // The reader's.

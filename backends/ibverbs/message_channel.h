@@ -4,7 +4,9 @@
 // its own and keeps them posted: a receive read out is posted again at
 // once. A write copies its bytes into send slots (registered too) and
 // posts one SEND per slot, so the peer's NIC puts them straight into a
-// posted receive; the reader takes them where they lie.
+// posted receive; the reader takes them where they lie. Small SENDs go
+// inline (in the work request), and only one in eight asks for a
+// completion (the send queue completes in order).
 //
 // Flow control by credits, with no message for them: each side keeps, in
 // a word the peer may read (RDMA READ), how many receives it has posted in

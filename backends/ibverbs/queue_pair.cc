@@ -54,8 +54,15 @@ Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   init.sq_sig_all = 0;
-  qp->qp_ = lib.create_qp(shape.pd ? shape.pd : device.pd(), &init);
+  init.cap.max_inline_data = shape.inline_bytes;
+  ibv_pd* pd = shape.pd ? shape.pd : device.pd();
+  qp->qp_ = lib.create_qp(pd, &init);
+  if (!qp->qp_ && shape.inline_bytes > 0) {
+    init.cap.max_inline_data = 0;  // more than the device carries: none then
+    qp->qp_ = lib.create_qp(pd, &init);
+  }
   if (!qp->qp_) return ResourceExhausted("cannot create a queue pair: " + errno_text(errno));
+  qp->inline_bytes_ = init.cap.max_inline_data;  // what the device granted
   qp->psn_ = static_cast<uint32_t>(secure_random_u64() & 0xffffff);
 
   ibv_qp_attr attr{};

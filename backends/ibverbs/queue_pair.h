@@ -33,6 +33,9 @@ class QueuePair {
     // through the pair in memory registered in it for remote access.
     ibv_pd* pd = nullptr;
     int remote_access = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    // Bytes a SEND may carry in its work request (IBV_SEND_INLINE), asked
+    // for; the pair gets what the device grants, or none (inline_bytes()).
+    uint32_t inline_bytes = 0;
   };
   // Completion queues and a queue pair in INIT, allowing the peer
   // `shape.remote_access` into memory registered for it.
@@ -56,6 +59,8 @@ class QueuePair {
   ibv_cq* cq() const { return cq_; }
   ibv_cq* recv_cq() const { return recv_cq_ ? recv_cq_ : cq_; }
   uint32_t depth() const { return depth_; }
+  // The most a work request posted with IBV_SEND_INLINE may carry.
+  uint32_t inline_bytes() const { return inline_bytes_; }
 
  private:
   QueuePair(const Device& device) : device_(device) {}
@@ -65,6 +70,7 @@ class QueuePair {
   ibv_cq* recv_cq_ = nullptr;  // null: cq_
   ibv_qp* qp_ = nullptr;
   uint32_t depth_ = 0;
+  uint32_t inline_bytes_ = 0;
   uint32_t psn_ = 0;
   uint8_t rd_atomic_ = 1;
 };
