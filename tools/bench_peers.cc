@@ -156,6 +156,11 @@ Result<UcxFigure> parse_ucx_perftest(const std::string& output) {
 
 Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int iterations,
                                    const std::string& transports) {
+  return run_ucx_perftest(test, size, iterations, UcxEnv{{"UCX_TLS", transports}});
+}
+
+Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int iterations,
+                                   const UcxEnv& env, std::chrono::seconds limit) {
   RDMABUF_ASSIGN_OR_RETURN(std::string port, free_port());
   const std::vector<std::string> args = {
       "-p", port, "-t", test, "-s", std::to_string(size), "-n", std::to_string(iterations)};
@@ -163,9 +168,8 @@ Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int i
   server.insert(server.end(), args.begin(), args.end());
   std::vector<std::string> client = {"ucx_perftest", "127.0.0.1"};
   client.insert(client.end(), args.begin(), args.end());
-  return run_server_and_client<UcxFigure>(server, client, {{"UCX_TLS", transports}},
-                                          std::chrono::seconds(120), std::chrono::milliseconds(100),
-                                          parse_ucx_perftest);
+  return run_server_and_client<UcxFigure>(server, client, env, limit,
+                                          std::chrono::milliseconds(100), parse_ucx_perftest);
 }
 
 Result<double> parse_perftest(const std::string& test, const std::string& output) {
@@ -188,6 +192,8 @@ std::optional<IbDevice> ibverbs_device(const std::vector<BackendInfo>& backends)
       if (key != "using") continue;
       IbDevice device;
       device.name = value.substr(0, value.find(' '));  // "rxe0 port 1 (...), GID[1] ..."
+      const size_t p = value.find(" port ");
+      if (p != std::string::npos) device.port = std::atoi(value.c_str() + p + 6);
       const size_t g = value.find("GID[");
       if (g != std::string::npos) device.gid_index = std::atoi(value.c_str() + g + 4);
       if (!device.name.empty()) return device;

@@ -7,6 +7,7 @@
 // output is not what that tool prints.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -43,12 +44,19 @@ Result<double> parse_qperf(const std::string& test, const std::string& output);
 // UCX_TLS `transports` (e.g. "posix,sysv,self" or "tcp,self").
 Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int iterations,
                                    const std::string& transports);
+// The same with `env` set in both processes (UCX_TLS, UCX_NET_DEVICES, ...),
+// giving up on a client that has not finished after `limit`.
+using UcxEnv = std::vector<std::pair<std::string, std::string>>;
+Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int iterations,
+                                   const UcxEnv& env,
+                                   std::chrono::seconds limit = std::chrono::seconds(120));
 Result<UcxFigure> parse_ucx_perftest(const std::string& output);
 
-// The RDMA device and GID index the ibverbs backend of `backends` uses,
-// for perftest to use the same; nullopt when it has none.
+// The RDMA device, port and GID index the ibverbs backend of `backends`
+// uses, for perftest and UCX to use the same; nullopt when it has none.
 struct IbDevice {
   std::string name;  // "rxe0"
+  int port = 1;
   int gid_index = 0;
 };
 std::optional<IbDevice> ibverbs_device(const std::vector<BackendInfo>& backends);

@@ -1,6 +1,6 @@
 // rdmabuf bench --op send: two-sided messages over an Endpoint, beside UCX's
 // tagged messages (ucx_perftest -t tag_lat / tag_bw) over the same
-// transport, in the same run; over ibverbs beside perftest's two-sided
+// transport, in the same run; over ibverbs also beside perftest's two-sided
 // verbs (ib_send_lat / ib_send_bw; see MessagePeer).
 //
 // Method: the peer is `rdmabuf serve --endpoint` in another process, with
@@ -31,6 +31,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/strings.h"
@@ -138,14 +139,12 @@ Result<double> stream(Endpoint& endpoint, uint64_t size, int count, int window) 
   return static_cast<double>(size) * count / (micros_since(start) * 1e3);
 }
 
-// The system measured beside rdmabuf's messages over `backend`, on the same
-// transport: UCX's tagged messages over TCP or shared memory; over ibverbs
-// perftest's two-sided verbs (ib_send_lat / ib_send_bw) on the device the
-// backend uses. (UCX over rc_verbs needs a second transport, ud_verbs, to
-// set its connections up; on Soft-RoCE that one timed out, so UCX has no
-// figure there.)
+// A system measured beside rdmabuf's messages over `backend`, on the same
+// transport: UCX's tagged messages over TCP, shared memory or RDMA (the
+// issue's peer), and over ibverbs also perftest's raw two-sided verbs, the
+// floor a library over verbs can only approach.
 struct MessagePeer {
-  std::string name;     // in the table: "UCX tcp", "perftest"
+  std::string name;     // in the table: "UCX tcp", "UCX rc_verbs", "perftest"
   std::string program;  // what runs: "ucx_perftest", "perftest"
   std::string latency_test, bandwidth_test;
   int latency_iterations = kWarmupTrips;
@@ -156,55 +155,103 @@ struct MessagePeer {
   std::string why_not;  // why it does not run here; empty when it does
   std::string note;     // printed under the table when it runs
   std::function<Result<UcxFigure>(const std::string& test, uint64_t size, int iterations)> run;
+  // Before the rounds, when set: a short run that fails fast where the
+  // peer cannot run at all here (so that no row waits for its time limit).
+  std::function<Status()> probe;
 };
 
-MessagePeer message_peer(const std::string& backend, const std::vector<BackendInfo>& backends) {
+// Few messages over RDMA, as beside the one-sided ops: Soft-RoCE moves tens
+// of MB/s.
+constexpr int kRdmaLatencyIterations = 1000;
+
+// perftest's two-sided verbs (ib_send_lat / ib_send_bw) on `device`.
+MessagePeer perftest_peer(const std::optional<IbDevice>& device) {
   MessagePeer peer;
-  if (backend == "ibverbs") {
-    const std::optional<IbDevice> device = ibverbs_device(backends);
-    peer.name = peer.program = "perftest";
-    peer.latency_test = "ib_send_lat";
-    peer.bandwidth_test = "ib_send_bw";
-    // As beside the one-sided ops: few, since Soft-RoCE moves tens of MB/s.
-    peer.latency_iterations = 1000;
-    peer.bandwidth_iterations = [](uint64_t size, int) {
-      return perftest_bandwidth_iterations(size);
-    };
-    if (!device) peer.why_not = "has no RDMA device in use";
-    if (!on_path("ib_send_lat") || !on_path("ib_send_bw")) {
-      peer.why_not = "not found: install perftest to see it beside rdmabuf";
-    }
-    peer.note =
-        "perftest: raw verbs SEND/RECV (ib_send_bw at its default queue depth); rdmabuf's\n"
-        "frames travel as SENDs too (messages up to 64 KiB in them, copied through\n"
-        "receives kept posted), larger messages by RDMA WRITE (docs/performance.md)";
-    if (device) {
-      peer.run = [device = *device](const std::string& test, uint64_t size,
-                                    int iterations) -> Result<UcxFigure> {
-        RDMABUF_ASSIGN_OR_RETURN(
-            double figure, run_perftest(test, device.name, device.gid_index, size, iterations));
-        UcxFigure f;
-        (test.find("_lat") != std::string::npos ? f.p50_us : f.gbps) = figure;
-        return f;
-      };
-    }
-    return peer;
+  peer.name = peer.program = "perftest";
+  peer.latency_test = "ib_send_lat";
+  peer.bandwidth_test = "ib_send_bw";
+  peer.latency_iterations = kRdmaLatencyIterations;
+  peer.bandwidth_iterations = [](uint64_t size, int) {
+    return perftest_bandwidth_iterations(size);
+  };
+  if (!on_path("ib_send_lat") || !on_path("ib_send_bw")) {
+    peer.why_not = "not found: install perftest to see it beside rdmabuf";
   }
-  // UCX over the same transport: TCP beside tcp, shared memory beside memory.
-  const std::string tls = backend == "tcp"      ? "tcp,self"
-                          : backend == "memory" ? "posix,sysv,self"
-                                                : "";
-  peer.name = backend == "tcp" ? "UCX tcp" : "UCX shm";
+  if (!device) peer.why_not = "has no RDMA device in use";
+  peer.note = "perftest: raw verbs SEND/RECV, no library (ib_send_bw at its default queue depth)";
+  if (device) {
+    peer.run = [device = *device](const std::string& test, uint64_t size,
+                                  int iterations) -> Result<UcxFigure> {
+      RDMABUF_ASSIGN_OR_RETURN(double figure,
+                               run_perftest(test, device.name, device.gid_index, size, iterations));
+      UcxFigure f;
+      (test.find("_lat") != std::string::npos ? f.p50_us : f.gbps) = figure;
+      return f;
+    };
+  }
+  return peer;
+}
+
+// UCX's tagged messages between two processes of this host: over
+// `transports` (UCX_TLS) with `env` besides.
+MessagePeer ucx_peer(std::string name, const std::string& transports, UcxEnv env) {
+  MessagePeer peer;
+  peer.name = std::move(name);
   peer.program = "ucx_perftest";
   peer.latency_test = "tag_lat";
   peer.bandwidth_test = "tag_bw";
   if (!on_path("ucx_perftest"))
     peer.why_not = "not found: install ucx-utils to see UCX beside rdmabuf";
-  if (tls.empty()) peer.why_not = "has no transport like " + backend;
-  peer.run = [tls](const std::string& test, uint64_t size, int iterations) {
-    return run_ucx_perftest(test, size, iterations, tls);
+  env.emplace_back("UCX_TLS", transports);
+  peer.run = [env](const std::string& test, uint64_t size, int iterations) {
+    return run_ucx_perftest(test, size, iterations, env);
   };
   return peer;
+}
+
+// UCX over rc_verbs on the device, port and GID the backend uses. UCX sets
+// its reliable connections up through a datagram transport (ud_verbs),
+// which on Soft-RoCE answers only on the IPv6 GIDs: over an IPv4 one (GID
+// index 1 there, the one rdmabuf picks) the set-up times out after about
+// 30 s. So a short run first says whether it works at all.
+MessagePeer ucx_rdma_peer(const std::optional<IbDevice>& device) {
+  UcxEnv env;
+  if (device) {
+    env = {{"UCX_NET_DEVICES", device->name + ":" + std::to_string(device->port)},
+           {"UCX_IB_GID_INDEX", std::to_string(device->gid_index)}};
+  }
+  MessagePeer peer = ucx_peer("UCX rc_verbs", "rc_verbs,ud_verbs", env);
+  if (!device) peer.why_not = "has no RDMA device in use";
+  peer.latency_iterations = kRdmaLatencyIterations;
+  peer.bandwidth_iterations = [](uint64_t size, int) {
+    return perftest_bandwidth_iterations(size);
+  };
+  peer.note =
+      "UCX rc_verbs: its tagged messages over reliable connections (UCX_TLS=rc_verbs,ud_verbs)";
+  env.emplace_back("UCX_TLS", "rc_verbs,ud_verbs");
+  peer.probe = [env, device] {
+    Status st = run_ucx_perftest("tag_lat", 8, 100, env, std::chrono::seconds(60)).status();
+    if (st.ok() || !device) return st;
+    return st.with_context("over " + device->name + " port " + std::to_string(device->port) +
+                           " GID[" + std::to_string(device->gid_index) +
+                           "] (on Soft-RoCE UCX connects only on IPv6 GIDs: "
+                           "RDMABUF_IB_GID_INDEX=0 runs both there)");
+  };
+  return peer;
+}
+
+std::vector<MessagePeer> message_peers(const std::string& backend,
+                                       const std::vector<BackendInfo>& backends) {
+  if (backend == "ibverbs") {
+    const std::optional<IbDevice> device = ibverbs_device(backends);
+    return {ucx_rdma_peer(device), perftest_peer(device)};
+  }
+  if (backend == "tcp") return {ucx_peer("UCX tcp", "tcp,self", {})};
+  if (backend == "memory") return {ucx_peer("UCX shm", "posix,sysv,self", {})};
+  MessagePeer none;
+  none.name = none.program = "UCX";
+  none.why_not = "has no transport like " + backend;
+  return {none};
 }
 
 }  // namespace
@@ -226,8 +273,18 @@ int cmd_bench_send(int argc, char** argv) {
     if (b.viable && backend.empty()) backend = b.name;
   }
   if (backend.empty()) return fail(FailedPrecondition("no viable backend"));
-  const MessagePeer peer_system = message_peer(backend, (*manager)->backends());
-  const bool run_peer_system = o.compare_peer && peer_system.why_not.empty();
+  std::vector<MessagePeer> peer_systems;
+  if (o.compare_peer) peer_systems = message_peers(backend, (*manager)->backends());
+  for (MessagePeer& p : peer_systems) {
+    if (!p.why_not.empty() || !p.probe) continue;
+    std::fprintf(stderr, "rdmabuf bench: a first short run of %s ...\n", p.name.c_str());
+    Status st = p.probe();
+    if (!st.ok()) p.why_not = "failed: " + st.to_string();
+  }
+  std::vector<const MessagePeer*> running;  // the peers measured, in the table's order
+  for (const MessagePeer& p : peer_systems) {
+    if (p.why_not.empty()) running.push_back(&p);
+  }
 
   uint64_t max_size = 4096;
   for (uint64_t s : o.sizes)
@@ -260,18 +317,17 @@ int cmd_bench_send(int argc, char** argv) {
   Endpoint& sink = **for_bandwidth;
 
   const std::string system = "rdmabuf " + backend;
-  const std::string& peer_name = peer_system.name;
   Progress progress(o.rounds * static_cast<int>(o.latency_sizes.size() + o.sizes.size()) *
-                    (run_peer_system ? 2 : 1));
-  // The peer's figure of `kind` at `size`, when it runs here: none when it
-  // does not, or failed (said on stderr; the round goes on without it).
-  auto run_peer = [&](bool latency, uint64_t size, int iterations) -> std::optional<UcxFigure> {
-    if (!run_peer_system) return std::nullopt;
-    const std::string& test = latency ? peer_system.latency_test : peer_system.bandwidth_test;
-    progress.step(peer_system.program + " " + test + " " + format_bytes(size));
-    auto u = peer_system.run(test, size, iterations);
+                    (1 + static_cast<int>(running.size())));
+  // A peer's figure at `size`: none when it failed (said on stderr; the
+  // round goes on without it).
+  auto run_peer = [&](const MessagePeer& p, bool latency, uint64_t size,
+                      int iterations) -> std::optional<UcxFigure> {
+    const std::string& test = latency ? p.latency_test : p.bandwidth_test;
+    progress.step(p.program + " " + test + " " + format_bytes(size));
+    auto u = p.run(test, size, iterations);
     if (!u.ok()) {
-      std::fprintf(stderr, "rdmabuf bench: %s %s: %s\n", peer_system.program.c_str(), test.c_str(),
+      std::fprintf(stderr, "rdmabuf bench: %s %s: %s\n", p.program.c_str(), test.c_str(),
                    u.status().to_string().c_str());
       return std::nullopt;
     }
@@ -288,12 +344,14 @@ int cmd_bench_send(int argc, char** argv) {
       f.p50_us = percentile(trips, 50);
       f.p99_us = percentile(trips, 99);
       out.push_back(f);
-      auto u = run_peer(true, size, peer_system.latency_iterations);
-      if (!u) continue;
-      Figure g = Figure::of(peer_name, "latency", "send", size);
-      g.p50_us = u->p50_us;
-      g.note = peer_system.latency_test + ": half a round trip";
-      out.push_back(g);
+      for (const MessagePeer* p : running) {
+        auto u = run_peer(*p, true, size, p->latency_iterations);
+        if (!u) continue;
+        Figure g = Figure::of(p->name, "latency", "send", size);
+        g.p50_us = u->p50_us;
+        g.note = p->latency_test + ": half a round trip";
+        out.push_back(g);
+      }
     }
     for (uint64_t size : o.sizes) {
       progress.step("bandwidth: " + format_bytes(size));
@@ -307,19 +365,24 @@ int cmd_bench_send(int argc, char** argv) {
       f.note = "frames: " + sink.channel();
       f.gbps = percentile(gbps, 50);
       out.push_back(f);
-      auto u = run_peer(false, size, peer_system.bandwidth_iterations(size, count));
-      if (!u) continue;
-      Figure g = Figure::of(peer_name, "bandwidth", "send", size);
-      g.gbps = u->gbps;
-      out.push_back(g);
+      for (const MessagePeer* p : running) {
+        auto u = run_peer(*p, false, size, p->bandwidth_iterations(size, count));
+        if (!u) continue;
+        Figure g = Figure::of(p->name, "bandwidth", "send", size);
+        g.gbps = u->gbps;
+        out.push_back(g);
+      }
     }
     return Status::Ok();
   };
 
-  const std::map<std::string, std::vector<std::string>> peers = {{backend, {peer_name}}};
+  std::map<std::string, std::vector<std::string>> peers = {{backend, {}}};
+  for (const MessagePeer* p : running)
+    peers[backend].push_back(p->name);
   std::vector<Figure> runs;
-  // The lowest and highest of the rounds' own ratios, by (kind, size).
-  std::map<std::pair<std::string, uint64_t>, std::pair<double, double>> round_speedups;
+  // The lowest and highest of the rounds' own ratios, by (peer, kind, size).
+  std::map<std::tuple<std::string, std::string, uint64_t>, std::pair<double, double>>
+      round_speedups;
   for (int round = 0; round < o.rounds; ++round) {
     std::vector<Figure> figures;
     Status st = run_round(figures);
@@ -328,7 +391,7 @@ int cmd_bench_send(int argc, char** argv) {
       return fail(st);
     }
     for (const Comparison& c : compare(figures, peers)) {
-      auto it = round_speedups.try_emplace({c.kind, c.size}, c.speedup, c.speedup).first;
+      auto it = round_speedups.try_emplace({c.peer, c.kind, c.size}, c.speedup, c.speedup).first;
       it->second.first = std::min(it->second.first, c.speedup);
       it->second.second = std::max(it->second.second, c.speedup);
     }
@@ -351,52 +414,79 @@ int cmd_bench_send(int argc, char** argv) {
   std::printf(
       "rdmabuf bench --op send: Endpoint messages over %s (frames: %s), peer %s process %d\n\n",
       backend.c_str(), endpoint.channel().c_str(), "local", peer->pid());
-  std::printf("%-9s %-9s %12s %12s  %-10s %12s %8s  %s\n", "measure", "size", "rdmabuf", "p99",
-              peer_name.c_str(), "", "x", "x by round");
+  // Each peer's group of columns: its figure, x and x by round.
+  std::printf("%-9s %-9s %14s %9s", "measure", "size", "rdmabuf", "p99");
+  for (const MessagePeer* p : running)
+    std::printf("  %14s %6s  %-9s", p->name.c_str(), "x", "x by round");
+  std::printf("\n");
   for (const Figure& f : figures) {
     if (f.system != system) continue;
     const bool latency = f.kind == "latency";
-    // Three decimals for GB/s and for latencies under 10 us (shared memory
+    // Three decimals for GB/s (six under 0.01: Soft-RoCE moves small
+    // messages at kB/s) and for latencies under 10 us (shared memory
     // answers in tenths of a microsecond), else one.
-    auto decimals = [latency](double v) { return !latency || v < 10 ? 3 : 1; };
-    std::printf("%-9s %-9s %9.*f %s", latency ? "latency" : "bandwidth",
-                format_bytes(f.size).c_str(), decimals(headline(f)), headline(f),
-                latency ? "us  " : "GB/s");
+    auto decimals = [latency](double v) { return !latency ? (v < 0.01 ? 6 : 3) : v < 10 ? 3 : 1; };
+    const char* unit = latency ? "us" : "GB/s";
+    std::printf("%-9s %-9s %9.*f %-4s", latency ? "latency" : "bandwidth",
+                format_bytes(f.size).c_str(), decimals(headline(f)), headline(f), unit);
     if (latency) {
       std::printf(" %9.*f", decimals(f.p99_us), f.p99_us);
     } else {
       std::printf(" %9s", "-");
     }
-    for (const Comparison& c : comparisons) {
-      if (c.kind == f.kind && c.size == f.size) {
-        std::printf("  %9.*f %s %8.2f", decimals(c.peer_figure), c.peer_figure,
-                    latency ? "us  " : "GB/s", c.speedup);
-        auto spread = round_speedups.find({c.kind, c.size});
-        if (spread != round_speedups.end()) {
-          std::printf("  %.2f-%.2f", spread->second.first, spread->second.second);
-        }
+    for (const MessagePeer* p : running) {
+      auto c = std::find_if(comparisons.begin(), comparisons.end(), [&](const Comparison& each) {
+        return each.peer == p->name && each.kind == f.kind && each.size == f.size;
+      });
+      if (c == comparisons.end()) {
+        std::printf("  %14s %6s  %-9s", "-", "-", "");  // it failed in every round
+        continue;
+      }
+      std::printf("  %9.*f %-4s %6.2f", decimals(c->peer_figure), c->peer_figure, unit, c->speedup);
+      auto spread = round_speedups.find({c->peer, c->kind, c->size});
+      if (spread != round_speedups.end()) {
+        std::printf("  %.2f-%.2f", spread->second.first, spread->second.second);
       }
     }
     std::printf("\n");
   }
+  std::string latency_tests = "tag_lat";  // what the latency rows match
+  std::string names;                      // "UCX rc_verbs and perftest"
+  for (const MessagePeer* p : running) {
+    if (p == running.front()) {
+      latency_tests = p->latency_test;
+      names = p->name;
+    } else {
+      latency_tests += " and " + p->latency_test;
+      names += " and " + p->name;
+    }
+  }
   std::printf(
-      "\nlatency: one message, half its ping-pong round trip (as %s reports), p50 and p99;\n"
+      "\nlatency: one message, half its ping-pong round trip (as %s %s), p50 and p99;\n"
       "bandwidth: messages sent back to back, %d posted at once by one thread, median of %d "
       "runs;\n",
-      peer_system.latency_test.c_str(), o.window, o.iters);
-  if (run_peer_system) {
+      latency_tests.c_str(), running.size() > 1 ? "report" : "reports", o.window, o.iters);
+  if (!running.empty()) {
     std::printf(
         "each figure: the median of %d rounds, in each of which %s ran right after rdmabuf;\n"
         "x: how many times faster rdmabuf is (above 1: faster), from those medians; x by "
         "round:\n"
         "the lowest and highest of the rounds' own ratios. GB/s = 1e9 bytes/s.\n",
-        o.rounds, peer_system.name.c_str());
-    if (!peer_system.note.empty()) std::printf("%s\n", peer_system.note.c_str());
+        o.rounds, names.c_str());
   } else {
     std::printf("each figure: the median of %d rounds. GB/s = 1e9 bytes/s.\n", o.rounds);
-    if (o.compare_peer) {
-      std::printf("(%s %s)\n", peer_system.program.c_str(), peer_system.why_not.c_str());
+  }
+  for (const MessagePeer& p : peer_systems) {
+    if (!p.why_not.empty()) {
+      std::printf("(%s %s)\n", p.name.c_str(), p.why_not.c_str());
+    } else if (!p.note.empty()) {
+      std::printf("%s\n", p.note.c_str());
     }
+  }
+  if (backend == "ibverbs") {
+    std::printf(
+        "rdmabuf's frames travel as SENDs (messages up to 64 KiB in them, copied through\n"
+        "receives kept posted), larger messages by RDMA WRITE (docs/performance.md)\n");
   }
   return kExitOk;
 }

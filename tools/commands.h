@@ -11,7 +11,7 @@ int cmd_bench(int argc, char** argv);
 // `rdmabuf bench --compare`: rdmabuf beside iperf3, qperf, UCX and perftest.
 int cmd_bench_compare(int argc, char** argv);
 // `rdmabuf bench --op send`: Endpoint messages beside UCX's tagged messages
-// (over ibverbs, beside perftest's ib_send_lat / ib_send_bw).
+// (over ibverbs, also beside perftest's ib_send_lat / ib_send_bw).
 int cmd_bench_send(int argc, char** argv);
 int cmd_soak(int argc, char** argv);
 

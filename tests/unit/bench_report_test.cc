@@ -119,8 +119,15 @@ TEST(BenchPeers, IbverbsDeviceFromTheBackendsDetails) {
   auto device = ibverbs_device({tcp, ibverbs});
   ASSERT_TRUE(device.has_value());
   EXPECT_EQ(device->name, "rxe0");
+  EXPECT_EQ(device->port, 1);
   EXPECT_EQ(device->gid_index, 1);
   EXPECT_FALSE(ibverbs_device({tcp}).has_value());
+  ibverbs.details = {{"using", "mlx5_1 port 2 (RoCE, active, MTU 4096), GID[3] ::ffff:10.1.0.2"}};
+  device = ibverbs_device({ibverbs});
+  ASSERT_TRUE(device.has_value());
+  EXPECT_EQ(device->name, "mlx5_1");
+  EXPECT_EQ(device->port, 2);
+  EXPECT_EQ(device->gid_index, 3);
   ibverbs.details = {{"device", "rxe0"}};
   EXPECT_FALSE(ibverbs_device({tcp, ibverbs}).has_value());
 }
