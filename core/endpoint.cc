@@ -367,6 +367,7 @@ std::string this_side(const Status& why) {
   return "this side: " + why.message();
 }
 std::string the_peer(std::span<const uint8_t> why) {
+  if (why.empty()) return "the peer: it gave no reason";
   return "the peer: " + std::string(why.begin(), why.end());
 }
 

@@ -306,6 +306,54 @@ void write_endpoint_frames(CorpusWriter& out) {
               raw_frame(RawFrame::kReceiveHandle, RawPayload().u64(2).u8(0).u64(0).blob(handle))}));
 }
 
+// --- fuzz_endpoint_handshake ----------------------------------------------------
+
+// Handshakes, the first byte saying which side plays: even, a connecting
+// peer (its hello and channel offer); odd, a listener (its hello and
+// channel answer).
+void write_endpoint_handshakes(CorpusWriter& out) {
+  using testing::raw_frame;
+  using testing::RawEndpointPeer;
+  using testing::RawFrame;
+  using testing::RawPayload;
+  out.start("fuzz_endpoint_handshake");
+  auto side = [](uint8_t role, std::initializer_list<std::vector<uint8_t>> frames) {
+    std::vector<uint8_t> all = {role};
+    for (const auto& f : frames)
+      all.insert(all.end(), f.begin(), f.end());
+    return all;
+  };
+  const std::vector<uint8_t> hello = raw_frame(
+      RawFrame::kHello,
+      RawPayload().u32(RawEndpointPeer::kMagic).u16(RawEndpointPeer::kVersion).u64(0x5eed));
+  auto offer = [](uint8_t rdma) {
+    return raw_frame(RawFrame::kChannelOffer,
+                     RawPayload().u8(0).blob("no rings").u8(rdma).blob(rdma ? "" : "no NIC"));
+  };
+  out.write("peer_declines_both.bin", side(0, {hello, offer(0)}));
+  out.write("peer_offers_rdma.bin",
+            side(0, {hello, offer(1),
+                     raw_frame(RawFrame::kChannelReady, RawPayload().u8(1).blob("address"))}));
+  // Rings of this very process (the fuzzer's pid is unknown here: 1), at
+  // an fd the fuzzer holds: ShmChannel::open must refuse whatever it finds.
+  out.write(
+      "peer_offers_rings.bin",
+      side(0, {hello,
+               raw_frame(RawFrame::kChannelOffer,
+                         RawPayload().u8(1).u32(1).u32(3).u64(1).u64(42).blob("host").u8(0).blob(
+                             "no NIC"))}));
+  auto answer = [](uint8_t taken, const std::string& address) {
+    return raw_frame(RawFrame::kChannelAnswer,
+                     RawPayload().u8(taken).blob("").blob("").blob(address));
+  };
+  out.write("listener_takes_tcp.bin", side(1, {hello, answer(0, "")}));
+  out.write("listener_takes_rings.bin", side(1, {hello, answer(1, "")}));
+  out.write("listener_takes_rdma.bin", side(1, {hello, answer(2, "address")}));
+  out.write("listener_too_new.bin",
+            side(1, {raw_frame(RawFrame::kHello,
+                               RawPayload().u32(RawEndpointPeer::kMagic).u16(99).u64(1))}));
+}
+
 }  // namespace
 }  // namespace rdmabuf::fuzz
 
@@ -320,5 +368,6 @@ int main(int argc, char** argv) {
   write_tcp_frames(out);
   write_config(out);
   write_endpoint_frames(out);
+  write_endpoint_handshakes(out);
   return 0;
 }

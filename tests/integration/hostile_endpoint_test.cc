@@ -345,6 +345,18 @@ TEST_F(HostileEndpointTest, ASecondAnswerForOneReceiveClosesTheEndpoint) {
   expect_manager_still_serves();
 }
 
+TEST_F(HostileEndpointTest, AnOfferThatGivesNoReasonsIsSaidSo) {
+  auto raw = RawEndpointPeer::connect(listener_->address());
+  ASSERT_TRUE(raw.has_value());
+  ASSERT_TRUE(raw->send_hello(0x5eed));
+  ASSERT_TRUE(
+      raw->send(raw_frame(RawFrame::kChannelOffer, RawPayload().u8(0).blob("").u8(0).blob(""))));
+  auto accepted = listener_->accept(kTimeout);
+  ASSERT_TRUE(accepted.ok()) << accepted.status().to_string();
+  EXPECT_EQ((*accepted)->channel(),
+            "tcp (shared memory: the peer: it gave no reason; RDMA: the peer: it gave no reason)");
+}
+
 TEST_F(HostileEndpointTest, AnAbsurdLoanIsRefusedAndTheEndpointGoesOn) {
   std::optional<RawEndpointPeer> raw;
   auto endpoint = connect(raw);
