@@ -123,6 +123,13 @@ constexpr auto kFrameWriteLimit = std::chrono::seconds(10);
 // hellos and the channel offer), so that a silent client cannot hold
 // accept() for the caller's whole timeout.
 constexpr auto kHandshakeLimit = std::chrono::seconds(5);
+// The accepting side's read through a new RDMA channel (MessageChannel::
+// probe) gives up after kRdmaProbeLimit, and kRdmaProbeMargin before the
+// handshake's limit, so that its answer still goes out in time. A queue
+// pair that cannot reach its peer reports it after its retries, well
+// within that (backends/ibverbs/queue_pair.cc).
+constexpr auto kRdmaProbeLimit = std::chrono::seconds(3);
+constexpr auto kRdmaProbeMargin = std::chrono::milliseconds(500);
 // Bytes read from the control connection at once: many small frames.
 constexpr size_t kInCapacity = 64 * 1024;
 static_assert(kInCapacity >= kHeaderSize + kMaxPayload, "a whole frame fits");
@@ -531,7 +538,8 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
 }
 
 // The accepting side, once the peer's kChannelReady came: connects
-// `pending`'s channel to the peer's, and says whether it did. A malformed
+// `pending`'s channel to the peer's, reads through it once (probe), and
+// says whether both worked; if not, the frames take TCP. A malformed
 // address ends the handshake (the peer reads its end, not a kChannelReady,
 // so that neither side goes on with a channel the other refused).
 Result<Channel> finish_rdma_channel(int fd, Channel pending, Deadline deadline, int stop_fd) {
@@ -543,6 +551,12 @@ Result<Channel> finish_rdma_channel(int fd, Channel pending, Deadline deadline, 
   }
   Status connected = pending.message->connect(*ready);
   if (connected.code() == StatusCode::kProtocolError) return connected;
+  // Connected on addresses alone: one read through it says the NICs reach
+  // each other, before either side takes it (time left to say so).
+  if (connected.ok()) {
+    connected = pending.message->probe(
+        std::min(deadline - kRdmaProbeMargin, Clock::now() + kRdmaProbeLimit));
+  }
   RDMABUF_RETURN_IF_ERROR(send_ready(fd, connected, {}, deadline, stop_fd));
   if (!connected.ok()) return tcp_channel(shm_why, this_side(connected));
   std::string description = pending.message->describe();

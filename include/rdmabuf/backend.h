@@ -280,6 +280,12 @@ class MessageChannel {
   virtual Status connect(std::span<const uint8_t> peer) = 0;
   // For Endpoint::channel(): "ibverbs (rxe0, ...)".
   virtual std::string describe() const = 0;
+  // Once connected: reaches the peer once, one-sided (its code takes no
+  // part), before `deadline`. kUnavailable, saying why, when the peer did
+  // not answer: connect() succeeds on addresses alone, so two hosts whose
+  // NICs cannot reach each other learn it here (and an endpoint's frames
+  // then take TCP) rather than at the first frame.
+  virtual Status probe(Deadline deadline) = 0;
 
   // --- the writer ---------------------------------------------------------
   // Moves all the bytes of `first`, then of `pieces`, towards the peer, or

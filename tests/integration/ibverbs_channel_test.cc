@@ -3,8 +3,9 @@
 // channels of one process connected to each other: bytes in order across
 // receives, a writer held back by the reader's posted receives and let go
 // as it reads, a sleeping reader woken by its completion channel, bad
-// addresses and sizes refused, and a peer that is gone; and an endpoint
-// handshake whose peer answers the RDMA channel with lies or refusals.
+// addresses and sizes refused, a peer that is gone, and a probe answered
+// only while the peer lives; and an endpoint handshake whose peer answers
+// the RDMA channel with lies, refusals or a queue pair it cannot reach.
 //
 // The endpoint tests (conformance, */ibverbs) run the whole endpoint over
 // this channel; these pin the channel's own contract. Skipped, with the
@@ -224,6 +225,19 @@ TEST_F(IbverbsChannelTest, BadAddressesAndSizesAreRefused) {
   EXPECT_FALSE(b_->has_incoming());
 }
 
+// A probe is a read the peer's NIC answers: it is answered while the
+// peer's channel lives, and not once it is gone (Soft-RoCE never says the
+// queue pair is gone: the probe gives up at its deadline).
+TEST_F(IbverbsChannelTest, AProbeIsAnsweredWhileThePeerLives) {
+  ASSERT_TRUE(a_->probe(Clock::now() + 10s).ok());
+  ASSERT_TRUE(b_->probe(Clock::now() + 10s).ok());
+  b_.reset();
+  const auto start = Clock::now();
+  const Status unanswered = a_->probe(Clock::now() + 300ms);
+  EXPECT_EQ(unanswered.code(), StatusCode::kUnavailable) << unanswered.to_string();
+  EXPECT_LT(Clock::now() - start, 5s) << "probe() went past its deadline";
+}
+
 // A peer whose channel is gone takes nothing: the writer stops at the
 // receives it had posted, drain() gives up at its limit, and the channel
 // closes with its SENDs unanswered. (Its SENDs would fail once the NIC's
@@ -277,6 +291,19 @@ TEST_F(IbverbsChannelTest, AHandshakeThatLiesAboutItsChannelIsRefused) {
     }
     return endpoint;
   };
+  // A well-formed address of a queue pair that is gone: the listener's
+  // read through the channel goes unanswered, and frames take TCP.
+  std::vector<uint8_t> vanished;
+  {
+    auto channel = backend_->open_message_channel();
+    ASSERT_TRUE(channel.ok()) << channel.status().to_string();
+    vanished = (*channel)->address();
+  }
+  auto unreachable = handshake(RawPayload().u8(1).blob(vanished));
+  ASSERT_TRUE(unreachable.ok()) << unreachable.status().to_string();
+  EXPECT_EQ((*unreachable)->channel(),
+            "tcp (shared memory: the peer: a raw test peer; RDMA: this side: the peer's queue "
+            "pair did not answer a read in time)");
   auto lied = handshake(RawPayload().u8(1).blob("not an address"));
   EXPECT_FALSE(lied.ok()) << "a malformed address was taken";
   auto refused = handshake(RawPayload().u8(0).blob("no queue pair for you"));
