@@ -192,9 +192,9 @@ MessagePeer perftest_peer(const std::optional<IbDevice>& device) {
   return peer;
 }
 
-// UCX's tagged messages between two processes of this host: over
-// `transports` (UCX_TLS) with `env` besides.
-MessagePeer ucx_peer(std::string name, const std::string& transports, UcxEnv env) {
+// UCX's tagged messages between two processes of this host, with `env`
+// (UCX_TLS and the rest) in both.
+MessagePeer ucx_peer(std::string name, const UcxEnv& env) {
   MessagePeer peer;
   peer.name = std::move(name);
   peer.program = "ucx_perftest";
@@ -202,7 +202,6 @@ MessagePeer ucx_peer(std::string name, const std::string& transports, UcxEnv env
   peer.bandwidth_test = "tag_bw";
   if (!on_path("ucx_perftest"))
     peer.why_not = "not found: install ucx-utils to see UCX beside rdmabuf";
-  env.emplace_back("UCX_TLS", transports);
   peer.run = [env](const std::string& test, uint64_t size, int iterations) {
     return run_ucx_perftest(test, size, iterations, env);
   };
@@ -215,12 +214,12 @@ MessagePeer ucx_peer(std::string name, const std::string& transports, UcxEnv env
 // index 1 there, the one rdmabuf picks) the set-up times out after about
 // 30 s. So a short run first says whether it works at all.
 MessagePeer ucx_rdma_peer(const std::optional<IbDevice>& device) {
-  UcxEnv env;
+  UcxEnv env = {{"UCX_TLS", "rc_verbs,ud_verbs"}};
   if (device) {
-    env = {{"UCX_NET_DEVICES", device->name + ":" + std::to_string(device->port)},
-           {"UCX_IB_GID_INDEX", std::to_string(device->gid_index)}};
+    env.emplace_back("UCX_NET_DEVICES", device->name + ":" + std::to_string(device->port));
+    env.emplace_back("UCX_IB_GID_INDEX", std::to_string(device->gid_index));
   }
-  MessagePeer peer = ucx_peer("UCX rc_verbs", "rc_verbs,ud_verbs", env);
+  MessagePeer peer = ucx_peer("UCX rc_verbs", env);
   if (!device) peer.why_not = "has no RDMA device in use";
   peer.latency_iterations = kRdmaLatencyIterations;
   peer.bandwidth_iterations = [](uint64_t size, int) {
@@ -228,14 +227,13 @@ MessagePeer ucx_rdma_peer(const std::optional<IbDevice>& device) {
   };
   peer.note =
       "UCX rc_verbs: its tagged messages over reliable connections (UCX_TLS=rc_verbs,ud_verbs)";
-  env.emplace_back("UCX_TLS", "rc_verbs,ud_verbs");
   peer.probe = [env, device] {
     Status st = run_ucx_perftest("tag_lat", 8, 100, env, std::chrono::seconds(60)).status();
     if (st.ok() || !device) return st;
-    return st.with_context("over " + device->name + " port " + std::to_string(device->port) +
-                           " GID[" + std::to_string(device->gid_index) +
-                           "] (on Soft-RoCE UCX connects only on IPv6 GIDs: "
-                           "RDMABUF_IB_GID_INDEX=0 runs both there)");
+    return Unavailable(st.message() + " over " + device->name + " port " +
+                       std::to_string(device->port) + " GID[" + std::to_string(device->gid_index) +
+                       "] (on Soft-RoCE UCX connects only over an IPv6 GID: "
+                       "RDMABUF_IB_GID_INDEX=0 runs both there)");
   };
   return peer;
 }
@@ -246,8 +244,8 @@ std::vector<MessagePeer> message_peers(const std::string& backend,
     const std::optional<IbDevice> device = ibverbs_device(backends);
     return {ucx_rdma_peer(device), perftest_peer(device)};
   }
-  if (backend == "tcp") return {ucx_peer("UCX tcp", "tcp,self", {})};
-  if (backend == "memory") return {ucx_peer("UCX shm", "posix,sysv,self", {})};
+  if (backend == "tcp") return {ucx_peer("UCX tcp", {{"UCX_TLS", "tcp,self"}})};
+  if (backend == "memory") return {ucx_peer("UCX shm", {{"UCX_TLS", "posix,sysv,self"}})};
   MessagePeer none;
   none.name = none.program = "UCX";
   none.why_not = "has no transport like " + backend;
@@ -279,7 +277,7 @@ int cmd_bench_send(int argc, char** argv) {
     if (!p.why_not.empty() || !p.probe) continue;
     std::fprintf(stderr, "rdmabuf bench: a first short run of %s ...\n", p.name.c_str());
     Status st = p.probe();
-    if (!st.ok()) p.why_not = "failed: " + st.to_string();
+    if (!st.ok()) p.why_not = "failed: " + st.message();
   }
   std::vector<const MessagePeer*> running;  // the peers measured, in the table's order
   for (const MessagePeer& p : peer_systems) {
