@@ -124,12 +124,16 @@ constexpr auto kFrameWriteLimit = std::chrono::seconds(10);
 // accept() for the caller's whole timeout.
 constexpr auto kHandshakeLimit = std::chrono::seconds(5);
 // The accepting side's read through a new RDMA channel (MessageChannel::
-// probe) gives up after kRdmaProbeLimit, and kRdmaProbeMargin before the
-// handshake's limit, so that its answer still goes out in time. A queue
-// pair that cannot reach its peer reports it after its retries, well
-// within that (backends/ibverbs/queue_pair.cc).
+// start_probe) is given up after kRdmaProbeLimit, and kRdmaProbeMargin
+// before the handshake's limit, so that its answer still goes out in time.
+// A real NIC whose peer is out of reach reports it after its retries
+// (about 0.5 s: backends/ibverbs/queue_pair.cc); Soft-RoCE never does,
+// and the limit ends it.
 constexpr auto kRdmaProbeLimit = std::chrono::seconds(3);
 constexpr auto kRdmaProbeMargin = std::chrono::milliseconds(500);
+// How often accept() looks whether such a read was answered (it has no
+// descriptor to wait on), while one is under way.
+constexpr auto kProbeLook = std::chrono::milliseconds(1);
 // Bytes read from the control connection at once: many small frames.
 constexpr size_t kInCapacity = 64 * 1024;
 static_assert(kInCapacity >= kHeaderSize + kMaxPayload, "a whole frame fits");
@@ -356,9 +360,11 @@ struct Channel {
   std::unique_ptr<MessageChannel> message;  // an RDMA backend's SEND/RECV
   std::string description;                  // Endpoint::channel()
   // The accepting side, RDMA taken: waits for the peer's kChannelReady
-  // (finish_rdma_channel); `description` says, meanwhile, why not shared
-  // memory.
+  // (finish_rdma_channel), then for its read through the channel to be
+  // answered (conclude_probe); `description` says, meanwhile, why not
+  // shared memory.
   bool awaiting_ready = false;
+  bool probing = false;
 };
 
 // What a channel offer's answer took.
@@ -537,30 +543,39 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
   return pending;
 }
 
+// The accepting side, its read through the channel answered (`outcome`
+// OK) or not: says so to the peer (kChannelReady), and takes the channel
+// or TCP.
+Result<Channel> conclude_probe(int fd, Channel pending, const Status& outcome, Deadline deadline,
+                               int stop_fd) {
+  RDMABUF_RETURN_IF_ERROR(send_ready(fd, outcome, {}, deadline, stop_fd));
+  if (!outcome.ok()) return tcp_channel(pending.description, this_side(outcome));
+  std::string description = pending.message->describe();
+  return Channel{nullptr, std::move(pending.message), std::move(description)};
+}
+
 // The accepting side, once the peer's kChannelReady came: connects
-// `pending`'s channel to the peer's, reads through it once (probe), and
-// says whether both worked; if not, the frames take TCP. A malformed
-// address ends the handshake (the peer reads its end, not a kChannelReady,
-// so that neither side goes on with a channel the other refused).
+// `pending`'s channel to the peer's and starts a read through it (the
+// NICs may not reach each other: connect() looks at addresses alone).
+// Returns the channel `probing` (the caller goes on with conclude_probe()
+// once the read was answered or failed, serving other handshakes
+// meanwhile), or, when it could not connect, says so and gives TCP. A
+// malformed address ends the handshake (the peer reads its end, not a
+// kChannelReady, so that neither side goes on with a channel the other
+// refused).
 Result<Channel> finish_rdma_channel(int fd, Channel pending, Deadline deadline, int stop_fd) {
-  const std::string shm_why = std::move(pending.description);
   auto ready = read_ready(fd, deadline, stop_fd);
   if (!ready.ok()) {
     if (ready.status().code() != StatusCode::kFailedPrecondition) return ready.status();
-    return tcp_channel(shm_why, ready.status().message());
+    return tcp_channel(pending.description, ready.status().message());
   }
   Status connected = pending.message->connect(*ready);
   if (connected.code() == StatusCode::kProtocolError) return connected;
-  // Connected on addresses alone: one read through it says the NICs reach
-  // each other, before either side takes it (time left to say so).
-  if (connected.ok()) {
-    connected = pending.message->probe(
-        std::min(deadline - kRdmaProbeMargin, Clock::now() + kRdmaProbeLimit));
-  }
-  RDMABUF_RETURN_IF_ERROR(send_ready(fd, connected, {}, deadline, stop_fd));
-  if (!connected.ok()) return tcp_channel(shm_why, this_side(connected));
-  std::string description = pending.message->describe();
-  return Channel{nullptr, std::move(pending.message), std::move(description)};
+  if (connected.ok()) connected = pending.message->start_probe();
+  if (!connected.ok()) return conclude_probe(fd, std::move(pending), connected, deadline, stop_fd);
+  pending.awaiting_ready = false;
+  pending.probing = true;
+  return pending;
 }
 
 // The channel frames travel through instead of the TCP connection, when
@@ -2890,8 +2905,11 @@ struct Handshake {
   Deadline limit;    // kHandshakeLimit after it was accepted
   bool hello_read = false;
   uint64_t peer_id = 0;  // once hello_read
-  // Its channel answered, RDMA taken: the peer's kChannelReady comes next.
+  // Its channel answered, RDMA taken: the peer's kChannelReady comes next
+  // (awaiting_ready); then this side's read through the channel is
+  // answered, or not by probe_limit (probing).
   std::optional<Channel> awaiting_ready;
+  Deadline probe_limit;
 };
 
 }  // namespace
@@ -3005,6 +3023,11 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
     for (const Handshake& h : mine) {
       watched.push_back({h.fd.get(), POLLIN, 0});
       wake = std::min(wake, h.limit);
+      // A read through an RDMA channel has no descriptor: looked at again
+      // every kProbeLook.
+      if (h.awaiting_ready && h.awaiting_ready->probing) {
+        wake = std::min(wake, Clock::now() + kProbeLook);
+      }
     }
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - Clock::now());
     const int n = ::poll(watched.data(), watched.size(),
@@ -3019,7 +3042,18 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
       Handshake& h = mine[i];
       const bool readable = n > 0 && watched[2 + i].revents != 0;
       Status failed;
-      if (readable && !h.hello_read) {
+      std::optional<Result<Channel>> channel;  // once the handshake moved on
+      if (h.awaiting_ready && h.awaiting_ready->probing) {
+        // The peer sends nothing until this side's kChannelReady.
+        auto answered = h.awaiting_ready->message->probe_answered();
+        if (answered.ok() && !*answered && now < h.probe_limit) continue;
+        const Status outcome =
+            !answered.ok() ? answered.status()
+            : *answered    ? Status::Ok()
+                           : Unavailable("the peer's queue pair did not answer a read in time");
+        channel = conclude_probe(h.fd.get(), std::move(*h.awaiting_ready), outcome, h.limit, stop);
+        h.awaiting_ready.reset();
+      } else if (readable && !h.hello_read) {
         auto peer_id = read_hello(h.fd.get(), h.limit, stop);
         if (peer_id.ok()) {
           h.peer_id = *peer_id;
@@ -3028,30 +3062,34 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
         }
         failed = peer_id.status();
       } else if (readable) {
-        auto channel =
-            h.awaiting_ready
-                ? finish_rdma_channel(h.fd.get(), std::move(*h.awaiting_ready), h.limit, stop)
-                : answer_channel(h.fd.get(), state_->manager, h.limit, stop);
+        channel = h.awaiting_ready
+                      ? finish_rdma_channel(h.fd.get(), std::move(*h.awaiting_ready), h.limit, stop)
+                      : answer_channel(h.fd.get(), state_->manager, h.limit, stop);
         h.awaiting_ready.reset();
-        if (channel.ok() && channel->awaiting_ready) {
-          h.awaiting_ready = std::move(channel).value();
-          continue;  // its kChannelReady: the next poll
-        }
-        if (channel.ok()) {
-          Handshake done = std::move(h);
-          mine.erase(mine.begin() + static_cast<ptrdiff_t>(i));
-          RDMABUF_ASSIGN_OR_RETURN(
-              auto impl,
-              EndpointImpl::create(state_->manager, std::move(done.fd), std::move(*channel),
-                                   done.peer.empty() ? "?" : done.peer, done.peer_id));
-          return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
-        }
-        failed = channel.status();
       } else if (now >= h.limit) {
         failed = DeadlineExceeded("its handshake's limit passed");
       } else {
         continue;
       }
+      if (channel && channel->ok()) {
+        Channel& taken = **channel;
+        if (taken.awaiting_ready || taken.probing) {
+          // Its kChannelReady, or this side's read: the next poll. The
+          // read's answer goes out with time left before the limit.
+          if (taken.probing) {
+            h.probe_limit = std::min(h.limit - kRdmaProbeMargin, Clock::now() + kRdmaProbeLimit);
+          }
+          h.awaiting_ready = std::move(taken);
+          continue;
+        }
+        Handshake done = std::move(h);
+        mine.erase(mine.begin() + static_cast<ptrdiff_t>(i));
+        RDMABUF_ASSIGN_OR_RETURN(
+            auto impl, EndpointImpl::create(state_->manager, std::move(done.fd), std::move(taken),
+                                            done.peer.empty() ? "?" : done.peer, done.peer_id));
+        return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
+      }
+      if (channel) failed = channel->status();
       if (failed.code() == StatusCode::kCancelled) return closed;
       drop_connection(state_->address, h, failed);
       mine.erase(mine.begin() + static_cast<ptrdiff_t>(i));

@@ -86,25 +86,12 @@ class VerbsChannel final : public MessageChannel {
 
   std::string describe() const override { return "ibverbs (" + device_->name() + ", SEND/RECV)"; }
 
-  // A credit read (the peer's posted-receives word), waited for: spinning
-  // for a millisecond, then a look every millisecond.
-  Status probe(Deadline deadline) override {
-    RDMABUF_RETURN_IF_ERROR(read_credits());
-    const Deadline spin_until = Clock::now() + std::chrono::milliseconds(1);
-    while (true) {
-      Status taken = take_send_completions();
-      if (!taken.ok()) return Unavailable("cannot reach the peer's queue pair: " + taken.message());
-      if (!credit_read_pending_) return Status::Ok();
-      const Deadline now = Clock::now();
-      if (now >= deadline) {
-        return Unavailable("the peer's queue pair did not answer a read in time");
-      }
-      if (now < spin_until) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-    }
+  // The probe is a credit read (the peer's posted-receives word).
+  Status start_probe() override { return read_credits(); }
+  Result<bool> probe_answered() override {
+    Status taken = take_send_completions();
+    if (!taken.ok()) return Unavailable("cannot reach the peer's queue pair: " + taken.message());
+    return !credit_read_pending_;
   }
 
   // --- the writer ------------------------------------------------------------

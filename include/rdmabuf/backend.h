@@ -280,12 +280,14 @@ class MessageChannel {
   virtual Status connect(std::span<const uint8_t> peer) = 0;
   // For Endpoint::channel(): "ibverbs (rxe0, ...)".
   virtual std::string describe() const = 0;
-  // Once connected: reaches the peer once, one-sided (its code takes no
-  // part), before `deadline`. kUnavailable, saying why, when the peer did
-  // not answer: connect() succeeds on addresses alone, so two hosts whose
-  // NICs cannot reach each other learn it here (and an endpoint's frames
-  // then take TCP) rather than at the first frame.
-  virtual Status probe(Deadline deadline) = 0;
+  // Once connected: starts one one-sided read of the peer (its code takes
+  // no part). probe_answered() then says, without waiting, whether the
+  // peer's NIC answered it (true) or not yet (false); kUnavailable, saying
+  // why, when the read failed. connect() succeeds on addresses alone, so
+  // two hosts whose NICs cannot reach each other learn it here (and an
+  // endpoint's frames then take TCP) rather than at the first frame.
+  virtual Status start_probe() = 0;
+  virtual Result<bool> probe_answered() = 0;
 
   // --- the writer ---------------------------------------------------------
   // Moves all the bytes of `first`, then of `pieces`, towards the peer, or
