@@ -126,8 +126,8 @@ constexpr auto kHandshakeLimit = std::chrono::seconds(5);
 // The accepting side's read through a new RDMA channel (MessageChannel::
 // start_probe) is given up after kRdmaProbeLimit, and kRdmaProbeMargin
 // before the handshake's limit, so that its answer still goes out in time.
-// A real NIC whose peer is out of reach reports it after its retries
-// (about 0.5 s: backends/ibverbs/queue_pair.cc); Soft-RoCE never does,
+// A real NIC whose peer is out of reach reports it once its retries run
+// out (seconds: backends/ibverbs/queue_pair.cc); Soft-RoCE never does,
 // and the limit ends it.
 constexpr auto kRdmaProbeLimit = std::chrono::seconds(3);
 constexpr auto kRdmaProbeMargin = std::chrono::milliseconds(500);
@@ -541,6 +541,19 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
   Channel pending{nullptr, std::move(rdma), shm_why};
   pending.awaiting_ready = true;
   return pending;
+}
+
+// Why a handshake whose connection turned readable while this side waited
+// for its read through the RDMA channel (when the peer has nothing to
+// send) is dropped: the peer left, or broke the protocol.
+Status peer_spoke_while_probed(int fd) {
+  uint8_t byte;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return ProtocolError("the peer sent a frame before the RDMA channel was settled");
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    return Unavailable("the connection turned readable with nothing to read");
+  }
+  return Unavailable("the peer left during the handshake");
 }
 
 // The accepting side, its read through the channel answered (`outcome`
@@ -3044,15 +3057,23 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
       Status failed;
       std::optional<Result<Channel>> channel;  // once the handshake moved on
       if (h.awaiting_ready && h.awaiting_ready->probing) {
-        // The peer sends nothing until this side's kChannelReady.
-        auto answered = h.awaiting_ready->message->probe_answered();
-        if (answered.ok() && !*answered && now < h.probe_limit) continue;
-        const Status outcome =
-            !answered.ok() ? answered.status()
-            : *answered    ? Status::Ok()
-                           : Unavailable("the peer's queue pair did not answer a read in time");
-        channel = conclude_probe(h.fd.get(), std::move(*h.awaiting_ready), outcome, h.limit, stop);
-        h.awaiting_ready.reset();
+        // The peer sends nothing until this side's kChannelReady: its
+        // connection readable now has ended, or carries what it must not.
+        if (readable) {
+          failed = peer_spoke_while_probed(h.fd.get());
+        } else if (now >= h.limit) {
+          failed = DeadlineExceeded("its handshake's limit passed");
+        } else {
+          auto answered = h.awaiting_ready->message->probe_answered();
+          if (answered.ok() && !*answered && now < h.probe_limit) continue;
+          const Status outcome =
+              !answered.ok() ? answered.status()
+              : *answered    ? Status::Ok()
+                             : Unavailable("the peer's queue pair did not answer a read in time");
+          channel =
+              conclude_probe(h.fd.get(), std::move(*h.awaiting_ready), outcome, h.limit, stop);
+          h.awaiting_ready.reset();
+        }
       } else if (readable && !h.hello_read) {
         auto peer_id = read_hello(h.fd.get(), h.limit, stop);
         if (peer_id.ok()) {

@@ -64,7 +64,9 @@ void play_the_connecting_peer(std::span<const uint8_t> bytes) {
   RDMABUF_FUZZ_CHECK(listener.ok());
   auto raw = RawEndpointPeer::connect((*listener)->address());
   RDMABUF_FUZZ_CHECK(raw.has_value());
-  auto accepted = std::async(std::launch::async, [&] { return (*listener)->accept(kPatience); });
+  // Longer than the wait below: a hang is caught there, as a hang.
+  auto accepted =
+      std::async(std::launch::async, [&] { return (*listener)->accept(kPatience + 2s); });
   raw->send(bytes);  // refused when the listener dropped the connection already: fine
   raw->shut_down_writes();
   // Either accept() takes the handshake, or it drops the connection (and

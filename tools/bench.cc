@@ -434,7 +434,7 @@ int cmd_bench(int argc, char** argv) {
       st = record(bench.latency(kind, size, latency_samples));
       if (!st.ok()) return fail(st);
       if (perftest_peer && kind == OpKind::kReadIntoLocal && size == 8) {
-        auto lat = run_perftest("ib_read_lat", ib->name, ib->gid_index, size, latency_samples);
+        auto lat = run_perftest("ib_read_lat", *ib, size, latency_samples);
         if (lat.ok()) {
           results.back().peer = "perftest ib_read_lat";
           results.back().peer_p50_us = *lat;
@@ -470,8 +470,7 @@ int cmd_bench(int argc, char** argv) {
         // perftest reuses one buffer: beside the first layout only, once.
         if (perftest_peer && l == 0) {
           const char* test = kind == OpKind::kReadIntoLocal ? "ib_read_bw" : "ib_write_bw";
-          auto bw = run_perftest(test, ib->name, ib->gid_index, s.size,
-                                 perftest_bandwidth_iterations(s.size));
+          auto bw = run_perftest(test, *ib, s.size, perftest_bandwidth_iterations(s.size));
           if (bw.ok()) {
             s.peer = std::string("perftest ") + test;
             s.peer_gbps = *bw;

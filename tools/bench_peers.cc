@@ -206,14 +206,16 @@ int perftest_bandwidth_iterations(uint64_t size) {
   return static_cast<int>(std::clamp<uint64_t>((16u << 20) / size, 20, 1000));
 }
 
-Result<double> run_perftest(const std::string& test, const std::string& device, int gid_index,
-                            uint64_t size, int iterations) {
+Result<double> run_perftest(const std::string& test, const IbDevice& device, uint64_t size,
+                            int iterations) {
   RDMABUF_ASSIGN_OR_RETURN(std::string port, free_port());
   std::vector<std::string> server = {test,
                                      "-d",
-                                     device,
+                                     device.name,
+                                     "-i",
+                                     std::to_string(device.port),
                                      "-x",
-                                     std::to_string(gid_index),
+                                     std::to_string(device.gid_index),
                                      "-s",
                                      std::to_string(size),
                                      "-n",

@@ -63,11 +63,11 @@ std::optional<IbDevice> ibverbs_device(const std::vector<BackendInfo>& backends)
 
 // perftest's `test` ("ib_read_bw", "ib_write_bw", "ib_send_bw", "ib_read_lat",
 // "ib_send_lat") of `size` bytes, `iterations` times, between two processes
-// on `device` (with GID index `gid_index`): GB/s for the bandwidth tests,
+// on `device` (its port and GID index): GB/s for the bandwidth tests,
 // the typical (median) latency in microseconds for the latency tests (a
 // read's round trip for ib_read_lat, half a round trip for ib_send_lat).
-Result<double> run_perftest(const std::string& test, const std::string& device, int gid_index,
-                            uint64_t size, int iterations);
+Result<double> run_perftest(const std::string& test, const IbDevice& device, uint64_t size,
+                            int iterations);
 // Iterations of a perftest bandwidth test of `size`-byte messages: 16 MiB
 // in all, 20 to 1000 of them (Soft-RoCE moves tens of MB/s).
 int perftest_bandwidth_iterations(uint64_t size);

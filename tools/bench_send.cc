@@ -182,8 +182,7 @@ MessagePeer perftest_peer(const std::optional<IbDevice>& device) {
   if (device) {
     peer.run = [device = *device](const std::string& test, uint64_t size,
                                   int iterations) -> Result<UcxFigure> {
-      RDMABUF_ASSIGN_OR_RETURN(double figure,
-                               run_perftest(test, device.name, device.gid_index, size, iterations));
+      RDMABUF_ASSIGN_OR_RETURN(double figure, run_perftest(test, device, size, iterations));
       UcxFigure f;
       (test.find("_lat") != std::string::npos ? f.p50_us : f.gbps) = figure;
       return f;
@@ -415,7 +414,7 @@ int cmd_bench_send(int argc, char** argv) {
   // Each peer's group of columns: its figure, x and x by round.
   std::printf("%-9s %-9s %14s %9s", "measure", "size", "rdmabuf", "p99");
   for (const MessagePeer* p : running)
-    std::printf("  %14s %6s  %-9s", p->name.c_str(), "x", "x by round");
+    std::printf("  %14s %6s  %-11s", p->name.c_str(), "x", "x by round");
   std::printf("\n");
   for (const Figure& f : figures) {
     if (f.system != system) continue;
@@ -437,14 +436,17 @@ int cmd_bench_send(int argc, char** argv) {
         return each.peer == p->name && each.kind == f.kind && each.size == f.size;
       });
       if (c == comparisons.end()) {
-        std::printf("  %14s %6s  %-9s", "-", "-", "");  // it failed in every round
+        std::printf("  %14s %6s  %-11s", "-", "-", "");  // it failed in every round
         continue;
       }
       std::printf("  %9.*f %-4s %6.2f", decimals(c->peer_figure), c->peer_figure, unit, c->speedup);
+      char spread_text[32] = "";
       auto spread = round_speedups.find({c->peer, c->kind, c->size});
       if (spread != round_speedups.end()) {
-        std::printf("  %.2f-%.2f", spread->second.first, spread->second.second);
+        std::snprintf(spread_text, sizeof spread_text, "%.2f-%.2f", spread->second.first,
+                      spread->second.second);
       }
+      std::printf("  %-11s", spread_text);
     }
     std::printf("\n");
   }

@@ -27,13 +27,15 @@ constexpr uint64_t kCreditRead = ~uint64_t{0};
 // One SEND in this many asks for a completion: the send queue completes in
 // order, so its completion says the ones before it are done too, and the
 // others cost the NIC no completion to write nor the writer one to take.
-// A divisor of kSlots, and well below it: a writer that ran out of send
-// slots always has a signalled SEND among those in flight to wait for.
+// A writer short of send slots waits for a signalled SEND among those in
+// flight, or, when none is (fewer than kSignalEvery in flight), for the
+// credit read write_whole() posts before it gives up, which completes
+// after them.
 constexpr uint64_t kSignalEvery = 8;
 static_assert(kSlots % kSignalEvery == 0 && kSignalEvery <= kSlots / 2);
 // SENDs up to this size go inline (IBV_SEND_INLINE): in the work request
 // itself, so the NIC need not read them from memory. Asked of the device,
-// which may grant less.
+// which may grant more or less: the pair's grant is the limit.
 constexpr uint32_t kInlineBytes = 256;
 // Completions taken at once.
 constexpr int kPollBatch = 16;
