@@ -359,12 +359,14 @@ struct Channel {
   std::unique_ptr<ShmChannel> shm;          // shared-memory rings
   std::unique_ptr<MessageChannel> message;  // an RDMA backend's SEND/RECV
   std::string description;                  // Endpoint::channel()
-  // The accepting side, RDMA taken: waits for the peer's kChannelReady
-  // (finish_rdma_channel), then for its read through the channel to be
-  // answered (conclude_probe); `description` says, meanwhile, why not
-  // shared memory.
-  bool awaiting_ready = false;
-  bool probing = false;
+  // The accepting side, RDMA taken, before the channel is settled: which
+  // step it waits on; `description` says, meanwhile, why not shared memory.
+  enum class Waiting : uint8_t {
+    kNothing,  // settled
+    kReady,    // the peer's kChannelReady (finish_rdma_channel)
+    kProbe,    // its read through the channel answered (conclude_probe)
+  };
+  Waiting waiting = Waiting::kNothing;
 };
 
 // What a channel offer's answer took.
@@ -539,7 +541,7 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
   // caller goes on with finish_rdma_channel() once it came (not waiting
   // here: accept() serves other handshakes meanwhile).
   Channel pending{nullptr, std::move(rdma), shm_why};
-  pending.awaiting_ready = true;
+  pending.waiting = Channel::Waiting::kReady;
   return pending;
 }
 
@@ -570,7 +572,7 @@ Result<Channel> conclude_probe(int fd, Channel pending, const Status& outcome, D
 // The accepting side, once the peer's kChannelReady came: connects
 // `pending`'s channel to the peer's and starts a read through it (the
 // NICs may not reach each other: connect() looks at addresses alone).
-// Returns the channel `probing` (the caller goes on with conclude_probe()
+// Returns the channel waiting for kProbe (the caller goes on with conclude_probe()
 // once the read was answered or failed, serving other handshakes
 // meanwhile), or, when it could not connect, says so and gives TCP. A
 // malformed address ends the handshake (the peer reads its end, not a
@@ -586,8 +588,7 @@ Result<Channel> finish_rdma_channel(int fd, Channel pending, Deadline deadline, 
   if (connected.code() == StatusCode::kProtocolError) return connected;
   if (connected.ok()) connected = pending.message->start_probe();
   if (!connected.ok()) return conclude_probe(fd, std::move(pending), connected, deadline, stop_fd);
-  pending.awaiting_ready = false;
-  pending.probing = true;
+  pending.waiting = Channel::Waiting::kProbe;
   return pending;
 }
 
@@ -2918,10 +2919,10 @@ struct Handshake {
   Deadline limit;    // kHandshakeLimit after it was accepted
   bool hello_read = false;
   uint64_t peer_id = 0;  // once hello_read
-  // Its channel answered, RDMA taken: the peer's kChannelReady comes next
-  // (awaiting_ready); then this side's read through the channel is
-  // answered, or not by probe_limit (probing).
-  std::optional<Channel> awaiting_ready;
+  // Its channel answered, RDMA taken, not settled yet (Channel::waiting):
+  // the peer's kChannelReady comes next, then this side's read through the
+  // channel is answered, or not by probe_limit.
+  std::optional<Channel> unsettled;
   Deadline probe_limit;
 };
 
@@ -3038,7 +3039,7 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
       wake = std::min(wake, h.limit);
       // A read through an RDMA channel has no descriptor: looked at again
       // every kProbeLook.
-      if (h.awaiting_ready && h.awaiting_ready->probing) {
+      if (h.unsettled && h.unsettled->waiting == Channel::Waiting::kProbe) {
         wake = std::min(wake, Clock::now() + kProbeLook);
       }
     }
@@ -3056,7 +3057,7 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
       const bool readable = n > 0 && watched[2 + i].revents != 0;
       Status failed;
       std::optional<Result<Channel>> channel;  // once the handshake moved on
-      if (h.awaiting_ready && h.awaiting_ready->probing) {
+      if (h.unsettled && h.unsettled->waiting == Channel::Waiting::kProbe) {
         // The peer sends nothing until this side's kChannelReady: its
         // connection readable now has ended, or carries what it must not.
         if (readable) {
@@ -3064,15 +3065,14 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
         } else if (now >= h.limit) {
           failed = DeadlineExceeded("its handshake's limit passed");
         } else {
-          auto answered = h.awaiting_ready->message->probe_answered();
+          auto answered = h.unsettled->message->probe_answered();
           if (answered.ok() && !*answered && now < h.probe_limit) continue;
           const Status outcome =
               !answered.ok() ? answered.status()
               : *answered    ? Status::Ok()
                              : Unavailable("the peer's queue pair did not answer a read in time");
-          channel =
-              conclude_probe(h.fd.get(), std::move(*h.awaiting_ready), outcome, h.limit, stop);
-          h.awaiting_ready.reset();
+          channel = conclude_probe(h.fd.get(), std::move(*h.unsettled), outcome, h.limit, stop);
+          h.unsettled.reset();
         }
       } else if (readable && !h.hello_read) {
         auto peer_id = read_hello(h.fd.get(), h.limit, stop);
@@ -3083,10 +3083,10 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
         }
         failed = peer_id.status();
       } else if (readable) {
-        channel = h.awaiting_ready
-                      ? finish_rdma_channel(h.fd.get(), std::move(*h.awaiting_ready), h.limit, stop)
+        channel = h.unsettled
+                      ? finish_rdma_channel(h.fd.get(), std::move(*h.unsettled), h.limit, stop)
                       : answer_channel(h.fd.get(), state_->manager, h.limit, stop);
-        h.awaiting_ready.reset();
+        h.unsettled.reset();
       } else if (now >= h.limit) {
         failed = DeadlineExceeded("its handshake's limit passed");
       } else {
@@ -3094,13 +3094,13 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
       }
       if (channel && channel->ok()) {
         Channel& taken = **channel;
-        if (taken.awaiting_ready || taken.probing) {
+        if (taken.waiting != Channel::Waiting::kNothing) {
           // Its kChannelReady, or this side's read: the next poll. The
           // read's answer goes out with time left before the limit.
-          if (taken.probing) {
+          if (taken.waiting == Channel::Waiting::kProbe) {
             h.probe_limit = std::min(h.limit - kRdmaProbeMargin, Clock::now() + kRdmaProbeLimit);
           }
-          h.awaiting_ready = std::move(taken);
+          h.unsettled = std::move(taken);
           continue;
         }
         Handshake done = std::move(h);
