@@ -1570,6 +1570,33 @@ TEST_P(ConformanceTest, EndpointNotificationAfterAWokenReceiveIsDelivered) {
   }
 }
 
+// While callers keep reading, the endpoint's thread looks less and less
+// often (up to every 8 ms); once they stop, it still reads what no call
+// waits for: a notification and a lend request right after a busy stretch.
+TEST_P(ConformanceTest, EndpointFramesNoCallWaitsForAreReadAfterABusyStretch) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  Owned target = own(4096, 0);
+  LocalMemory into = allocate(64);
+  const LocalMemory message = with_pattern(64, 5);
+  for (uint32_t round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const auto busy_until = Clock::now() + 60ms;  // the receiver's thread backs off all the way
+    while (Clock::now() < busy_until) {
+      auto posted = receiver->post_receive(into);
+      ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+      ASSERT_TRUE(sender->send(message, kTimeout).ok());
+      ASSERT_TRUE(posted->wait(kTimeout).ok());
+    }
+    ASSERT_TRUE(sender->write(target.handle, with_pattern(64, 6), round, kTimeout).ok());
+    auto n = owner_->next_notification(2s);
+    ASSERT_TRUE(n.ok()) << "the notification was not read: " << n.status().to_string();
+    EXPECT_EQ(n->tag, round);
+    auto lease = sender->request_remote_buffer(4096, 1s, 2s);
+    ASSERT_TRUE(lease.ok()) << "the lend request was not read: " << lease.status().to_string();
+  }
+}
+
 // Frames travel through shared memory exactly when both managers may use
 // same-host memory, else over verbs SEND/RECV when both may use ibverbs;
 // otherwise the endpoint says why not.
