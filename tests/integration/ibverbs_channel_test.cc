@@ -5,7 +5,8 @@
 // as it reads, a sleeping reader woken by its completion channel, bad
 // addresses and sizes refused, a peer that is gone, and a probe answered
 // only while the peer lives; and an endpoint handshake whose peer answers
-// the RDMA channel with lies, refusals or a queue pair it cannot reach.
+// the RDMA channel with lies, refusals or a queue pair it cannot reach, or
+// leaves while the listener reads through it.
 //
 // The endpoint tests (conformance, */ibverbs) run the whole endpoint over
 // this channel; these pin the channel's own contract. Skipped, with the
@@ -369,6 +370,36 @@ TEST_F(IbverbsChannelTest, AnUnansweredReadHoldsUpNoOtherHandshake) {
   std::vector<uint8_t> answer;
   ASSERT_TRUE(stuck->read_frame(type, answer, 10s) && type == RawFrame::kChannelReady);
   EXPECT_TRUE(!answer.empty() && answer[0] == 0) << "the listener took a channel it cannot reach";
+}
+
+// A peer that leaves while the listener reads through its RDMA channel is
+// dropped then: the listener hands out no endpoint over the dead
+// connection (not even once the read's 3 s are up), and serves the next
+// handshake meanwhile.
+TEST_F(IbverbsChannelTest, APeerThatLeavesWhileItsChannelIsReadIsDropped) {
+  auto manager = make_manager([](Config& c) { c.backends = {"ibverbs"}; });
+  ASSERT_TRUE(manager);
+  auto listener = manager->listen("127.0.0.1:0");
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  auto first = std::async(std::launch::async, [&] { return (*listener)->accept(10s); });
+  auto leaving = RawEndpointPeer::connect((*listener)->address());
+  ASSERT_TRUE(leaving.has_value());
+  ASSERT_TRUE(offer_rdma_then(*leaving, RawPayload().u8(1).blob(vanished_address())));
+  std::this_thread::sleep_for(200ms);  // the listener reads it and starts its read
+  leaving.reset();                     // gone mid-read
+  const auto start = Clock::now();
+  auto next = RawEndpointPeer::start((*listener)->address(), 0x5eee);
+  ASSERT_TRUE(next.has_value());
+  auto served = first.get();
+  ASSERT_TRUE(served.ok()) << served.status().to_string();
+  EXPECT_LT(Clock::now() - start, 2s) << "held up by the departed peer's read";
+  EXPECT_EQ((*served)->channel(),
+            "tcp (shared memory: the peer: a raw test peer; RDMA: the peer: a raw test peer)")
+      << "the endpoint handed out is not the next peer's";
+  auto none = (*listener)->accept(4s);
+  EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded)
+      << (none.ok() ? "an endpoint over the departed peer's connection: " + (*none)->channel()
+                    : none.status().to_string());
 }
 
 }  // namespace
