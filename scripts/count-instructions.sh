@@ -7,7 +7,10 @@
 #
 # SIZE bytes per message (default 8), TRIPS round trips (default 20000),
 # BACKENDS for both sides (RDMABUF_BACKENDS; default memory, whose
-# endpoints' frames travel through shared memory; tcp for a TCP channel).
+# endpoints' frames travel through shared memory; tcp for a TCP channel;
+# ibverbs, inside scripts/softroce-vm, for verbs SEND/RECV: the kernel's
+# share of the work, moving the packets, is not counted, the user space's
+# is, libibverbs' and the provider's included).
 # Starts `rdmabuf serve --endpoint` (natively), runs rdmabuf_ping_pong
 # under callgrind against it, and prints the inclusive instructions of
 # Endpoint::post_receive, Endpoint::send and PendingReceive::wait, per
@@ -83,6 +86,14 @@ if ! command -v ucx_perftest >/dev/null; then
 fi
 case $backends in
   tcp) ucx_tls=tcp,self ;;
+  # Over verbs (in scripts/softroce-vm): UCX's reliable connections, set up
+  # through ud_verbs, which on Soft-RoCE connect only on an IPv6 GID.
+  ibverbs)
+    ucx_tls=rc_verbs,ud_verbs,self
+    device=$(ls /sys/class/infiniband | head -1)
+    export UCX_NET_DEVICES=${UCX_NET_DEVICES:-$device:1}
+    export UCX_IB_GID_INDEX=${UCX_IB_GID_INDEX:-${RDMABUF_IB_GID_INDEX:-0}}
+    ;;
   *) ucx_tls=posix,sysv,self ;;
 esac
 # The instructions of one ucx_perftest tag_lat client of $1 iterations.

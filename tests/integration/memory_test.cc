@@ -4,6 +4,7 @@
 // cross-memory attach.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -39,6 +40,23 @@ struct Outcome {
 };
 
 class ReleaseRaceTest : public ::testing::TestWithParam<std::string> {};
+
+// Waits (up to kTimeout) until `outcomes` (under `mu`) holds an op that
+// started after `released`: ops under way at the release may take long on
+// a loaded machine, and the test needs one that started after it.
+void await_an_op_started_after(Clock::time_point released, std::mutex& mu,
+                               const std::vector<Outcome>& outcomes) {
+  for (auto until = Clock::now() + kTimeout; Clock::now() < until;) {
+    {
+      std::lock_guard lock(mu);
+      if (std::any_of(outcomes.begin(), outcomes.end(),
+                      [&](const Outcome& o) { return o.started > released; })) {
+        return;
+      }
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+}
 
 // Writers hammer a buffer while its owner releases it. Once release() has
 // returned in the owner, the buffer's bytes never change again (the owner
@@ -88,6 +106,7 @@ TEST_P(ReleaseRaceTest, WritesNeverLandAfterReleaseReturned) {
     std::string watched = peer->command("release-watch " + std::to_string(index) + " 50");
     const auto released = Clock::now();  // the owner's release() had returned by now
     std::this_thread::sleep_for(20ms);   // writes that start now must be refused
+    await_an_op_started_after(released, mu, outcomes);
     stop = true;
     for (auto& t : writers)
       t.join();
@@ -152,6 +171,7 @@ TEST_P(ReleaseRaceTest, ReadsAfterReleaseReturnedAreNotFound) {
     ASSERT_EQ(peer->release(static_cast<size_t>(index)), "ok");
     const auto released = Clock::now();
     std::this_thread::sleep_for(40ms);
+    await_an_op_started_after(released, mu, outcomes);
     stop = true;
     for (auto& t : readers)
       t.join();
