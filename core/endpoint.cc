@@ -149,7 +149,8 @@ constexpr size_t kMaxPendingNotes = 1024;
 // with looks backing off to 8 ms (16 ms gained nothing more), and its
 // 90th percentile at 96-185 us against 47-50 (docs/performance.md). The
 // price: a frame that comes just after callers stop reading, while no call
-// waits, may wait for the look after next (about 2 * kMostLinger).
+// waits, may wait for the look after next (about 2 * kMostLinger), and a
+// credit held back for the next look (kMostLinger).
 constexpr auto kLinger = std::chrono::milliseconds(1);
 constexpr auto kMostLinger = std::chrono::milliseconds(8);
 constexpr int kLingerMs = static_cast<int>(kLinger.count());  // for epoll_wait
@@ -1291,9 +1292,11 @@ class EndpointImpl {
     }
     cv_.notify_all();
     // A caller reading the channel may be asleep on it; so may the
-    // endpoint's thread. Either moves the send on.
+    // endpoint's thread. Either moves the send on. With no caller reading,
+    // the thread is woken even between its looks (up to kMostLinger
+    // apart): the peer waits for this send's kSent.
     if (reading) signal_eventfd(sends_wake_.get());
-    if (serve_sleeping_.load()) signal_eventfd(wake_.get());
+    if (!reading || serve_sleeping_.load()) signal_eventfd(wake_.get());
   }
 
   // Ends `out`'s use of its credit, after its write (kBusy, claimed by the
@@ -1745,14 +1748,16 @@ class EndpointImpl {
   // message, a reply) takes the role and reads the socket itself, so what it
   // waits for reaches it without a hand-off between threads; other callers
   // follow on cv_ and take the role when it comes free. When no caller has
-  // held it for kLinger, the endpoint's thread takes it, woken by epoll:
-  // callers that read lately are likely back within microseconds, and the
-  // endpoint's thread, woken once, then looks again after kLinger, and less
-  // often while callers keep reading (up to kMostLinger), rather than at
-  // every frame. So frames nobody waits for (withdrawals, lend requests,
-  // notifications) are read within about kLinger after callers stopped
-  // reading for a while, and within about 2 * kMostLinger after a busy
-  // stretch, even while no call waits. Notifications are queued, and delivered by the endpoint's
+  // held it since the endpoint's thread last looked (kLinger to kMostLinger
+  // before), that thread takes it, woken by epoll: callers that read lately
+  // are likely back within microseconds, and the endpoint's thread, woken
+  // once, then looks again after kLinger, and less often while callers keep
+  // reading (up to kMostLinger), rather than at every frame. So frames
+  // nobody waits for (withdrawals, lend requests, notifications) are read
+  // at once when callers have been gone a while, within about 2 * kLinger
+  // after one short call, and within about 2 * kMostLinger after callers
+  // read for several milliseconds (one long wait will do), even while no
+  // call waits. Notifications are queued, and delivered by the endpoint's
   // thread alone, so a handler never runs inside a caller's call.
 
   // Waits (lock held) until `ready`, reading frames meanwhile; false at the

@@ -178,8 +178,8 @@ class Endpoint {
   // turn, with no thread per receive. The receive's credit (what lets the
   // peer send into it) goes out with this side's next frame (a send()
   // right after travels in the same packet), or when this side next waits
-  // on the endpoint, and otherwise within about a millisecond (up to about
-  // 16 ms right after a stretch of calls on the endpoint). `into` must
+  // on the endpoint, and otherwise within about a millisecond (up to 8 ms
+  // right after a stretch of calls on the endpoint). `into` must
   // stay valid until the wait returns or the PendingReceive is gone.
   Result<PendingReceive> post_receive(const LocalMemory& into);
 
