@@ -90,6 +90,18 @@ class IbverbsChannelTest : public ::testing::Test {
            raw.send(raw_frame(RawFrame::kChannelReady, ready));
   }
 
+  // A peer of `listener` (which is accepting) whose RDMA channel names a
+  // queue pair that is gone: once this returns, the listener's read
+  // through it is under way, and goes unanswered.
+  std::optional<RawEndpointPeer> peer_whose_channel_is_read(EndpointListener& listener) {
+    auto raw = RawEndpointPeer::connect(listener.address());
+    EXPECT_TRUE(raw.has_value());
+    if (!raw.has_value()) return raw;
+    EXPECT_TRUE(offer_rdma_then(*raw, RawPayload().u8(1).blob(vanished_address())));
+    std::this_thread::sleep_for(200ms);  // the listener reads it and starts its read
+    return raw;
+  }
+
   // Writes `bytes` from a_, waiting (up to 10 s) while it has no room.
   Result<bool> write_waiting(std::span<const uint8_t> bytes) {
     const auto until = Clock::now() + 10s;
@@ -351,10 +363,8 @@ TEST_F(IbverbsChannelTest, AnUnansweredReadHoldsUpNoOtherHandshake) {
   auto listener = manager->listen("127.0.0.1:0");
   ASSERT_TRUE(listener.ok()) << listener.status().to_string();
   auto first = std::async(std::launch::async, [&] { return (*listener)->accept(10s); });
-  auto stuck = RawEndpointPeer::connect((*listener)->address());
+  auto stuck = peer_whose_channel_is_read(**listener);
   ASSERT_TRUE(stuck.has_value());
-  ASSERT_TRUE(offer_rdma_then(*stuck, RawPayload().u8(1).blob(vanished_address())));
-  std::this_thread::sleep_for(200ms);  // the listener reads it and starts its read
   const auto start = Clock::now();
   auto quick = RawEndpointPeer::start((*listener)->address(), 0x5eee);
   ASSERT_TRUE(quick.has_value());
@@ -382,11 +392,9 @@ TEST_F(IbverbsChannelTest, APeerThatLeavesWhileItsChannelIsReadIsDropped) {
   auto listener = manager->listen("127.0.0.1:0");
   ASSERT_TRUE(listener.ok()) << listener.status().to_string();
   auto first = std::async(std::launch::async, [&] { return (*listener)->accept(10s); });
-  auto leaving = RawEndpointPeer::connect((*listener)->address());
+  auto leaving = peer_whose_channel_is_read(**listener);
   ASSERT_TRUE(leaving.has_value());
-  ASSERT_TRUE(offer_rdma_then(*leaving, RawPayload().u8(1).blob(vanished_address())));
-  std::this_thread::sleep_for(200ms);  // the listener reads it and starts its read
-  leaving.reset();                     // gone mid-read
+  leaving.reset();  // gone mid-read
   const auto start = Clock::now();
   auto next = RawEndpointPeer::start((*listener)->address(), 0x5eee);
   ASSERT_TRUE(next.has_value());
