@@ -76,6 +76,9 @@ class PendingReceive {
   PendingReceive& operator=(PendingReceive&& other) noexcept;
   // Withdraws the receive when it was not waited for: from then on no byte
   // lands in its memory, and a message that landed in it already is dropped.
+  // So may be one the peer sent before the withdrawal reached it (its send
+  // succeeded). To keep such a message, wait with a short timeout instead:
+  // a timed-out wait returns a message that crossed its withdrawal.
   ~PendingReceive();
 
   // Waits for the message: its size. Errors as Endpoint::receive's, and

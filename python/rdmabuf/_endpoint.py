@@ -88,7 +88,9 @@ class Endpoint:
         the peer send that many messages at once. Receives are filled in the
         order they were posted. `into` is held until the wait returns; a
         PendingReceive dropped unwaited is withdrawn (no byte lands
-        afterwards)."""
+        afterwards, and a message the peer sent before the withdrawal
+        reached it may be dropped with it; a wait that times out returns
+        such a message instead)."""
         return PendingReceive(self._ep.post_receive(into))
 
     def post_send(self, data: LocalMemory) -> "PendingSend":

@@ -1427,12 +1427,17 @@ TEST_P(ConformanceTest, EndpointAbandonedReceiveTakesNoBytesAndTheNextGetsTheMes
     auto b = receiver->post_receive(large);
     ASSERT_TRUE(a.ok() && b.ok());
   }  // both given up unanswered
-  // The withdrawals reach the sender's side before it sends (a message
-  // that crossed one would be dropped with its receive).
-  std::this_thread::sleep_for(100ms);
   LocalMemory into = with_sentinel(1 << 20);
   auto next = receiver->post_receive(into);
   ASSERT_TRUE(next.ok()) << next.status().to_string();
+  // The withdrawals reach the sender's side before it sends (a message
+  // that crossed one would be dropped with its receive): they come before
+  // this message in the endpoint's frames, which are read in order.
+  LocalMemory go = with_sentinel(16);
+  auto went = sender->post_receive(go);
+  ASSERT_TRUE(went.ok()) << went.status().to_string();
+  ASSERT_TRUE(receiver->send(with_pattern(16, 60), kTimeout).ok());
+  ASSERT_TRUE(went->wait(kTimeout).ok());
   ASSERT_TRUE(sender->send(with_pattern(65536, 61), kTimeout).ok());
   auto size = next->wait(kTimeout);
   ASSERT_TRUE(size.ok()) << size.status().to_string();

@@ -124,6 +124,13 @@ def test_a_posted_receive_dropped_unwaited_takes_no_message(peer: Peer) -> None:
     del pending  # withdrawn
     into = bytearray(64)
     kept = peer.ep.post_receive(into)
+    # The withdrawal travels in the endpoint's frames: a send the peer
+    # began before reading it could take the dropped receive and be dropped
+    # with it. The pipe to the peer may overtake those frames, so the
+    # peer first receives a message sent after the withdrawal.
+    peer.start("receive", 64, 30)
+    peer.ep.send(b"after the withdrawal")
+    assert peer.result() == b"after the withdrawal"
     peer.start("send", b"for the kept one")
     assert into[: kept.wait(timeout=30)] == b"for the kept one"
     assert peer.result() is None
