@@ -37,6 +37,17 @@ static_assert(kSlots % kSignalEvery == 0 && kSignalEvery <= kSlots / 2);
 // itself, so the NIC need not read them from memory. Asked of the device,
 // which may grant more or less: the pair's grant is the limit.
 constexpr uint32_t kInlineBytes = 256;
+// Gather entries a SEND may have, asked of the device: a SEND that goes
+// inline takes the writer's pieces (credits held back, a frame's header, a
+// message) where they lie, and the device copies them into the work
+// request; no send slot is written.
+constexpr uint32_t kInlinePieces = 4;
+// Receives read out are posted again this many at a time, with one
+// ibv_post_recv; until then the peer has up to kRepostBatch - 1 fewer to
+// send into. So that a writer of capacity() bytes is never stuck behind
+// receives read out but not posted again, capacity() leaves them out.
+constexpr uint32_t kRepostBatch = 8;
+static_assert(kRepostBatch <= kSlots / 2);
 // Completions taken at once.
 constexpr int kPollBatch = 16;
 
@@ -124,7 +135,7 @@ class VerbsChannel final : public MessageChannel {
     return true;
   }
 
-  size_t capacity() const override { return size_t{kSlots} * kSlotBytes; }
+  size_t capacity() const override { return size_t{kSlots - kRepostBatch + 1} * kSlotBytes; }
 
   void drain(std::chrono::milliseconds limit) override {
     const Deadline deadline = Clock::now() + limit;
@@ -163,7 +174,7 @@ class VerbsChannel final : public MessageChannel {
       if (offset_ < lengths_[slot]) {
         return std::span<const uint8_t>(receive_slot(slot) + offset_, lengths_[slot] - offset_);
       }
-      if (!repost()) return receive_failure_;  // read out (or empty)
+      if (!read_out()) return receive_failure_;  // read out (or empty)
     }
   }
 
@@ -171,7 +182,7 @@ class VerbsChannel final : public MessageChannel {
     if (size == 0 || receives_done_ == receives_used_) return;  // nothing was peeked
     const uint32_t slot = receives_used_ % kSlots;
     offset_ = std::min<size_t>(offset_ + size, lengths_[slot]);
-    if (offset_ == lengths_[slot]) repost();
+    if (offset_ == lengths_[slot]) read_out();
   }
 
   Result<size_t> read_some(uint8_t* out, size_t size) override {
@@ -250,14 +261,14 @@ class VerbsChannel final : public MessageChannel {
     shape.pd = pd_;
     shape.remote_access = IBV_ACCESS_REMOTE_READ;  // the count word's reads alone
     shape.inline_bytes = kInlineBytes;
+    shape.send_sges = kInlinePieces;
     RDMABUF_ASSIGN_OR_RETURN(qp_, QueuePair::create(*device_, shape));
     if (qp_->depth() < kSlots + 1) {
       return ResourceExhausted("the device takes " + std::to_string(qp_->depth()) +
                                " work requests per queue pair (an ibverbs channel needs " +
                                std::to_string(kSlots + 1) + ")");
     }
-    for (uint32_t slot = 0; slot < kSlots; ++slot)
-      RDMABUF_RETURN_IF_ERROR(post_receive(slot));
+    RDMABUF_RETURN_IF_ERROR(post_receives(0, kSlots));
     publish_posted(kSlots);
     // Armed from the start: the reader may sleep before it first looks.
     if (ibv_req_notify_cq(qp_->recv_cq(), 0) != 0) {
@@ -283,9 +294,14 @@ class VerbsChannel final : public MessageChannel {
     return sends_posted_ + sends <= peer_receives_ && sends_posted_ + sends - sends_done_ <= kSlots;
   }
 
-  // Copies the bytes into the next send slots and posts a SEND for each.
+  // Copies the bytes into the next send slots and posts a SEND for each;
+  // bytes that go inline are posted from where they lie (post_inline_send).
   Status post_sends(std::span<const uint8_t> first,
                     std::span<const std::span<const uint8_t>> pieces, size_t total) {
+    if (total <= qp_->inline_bytes() &&
+        1 + pieces.size() <= std::min(qp_->send_sges(), kInlinePieces)) {
+      return post_inline_send(first, pieces);
+    }
     ibv_sge sge[kSlots];
     ibv_send_wr wr[kSlots];
     uint32_t count = 0;
@@ -315,7 +331,7 @@ class VerbsChannel final : public MessageChannel {
       wr[i].sg_list = &sge[i];
       wr[i].num_sge = 1;
       wr[i].opcode = IBV_WR_SEND;
-      if (number % kSignalEvery == kSignalEvery - 1) wr[i].send_flags |= IBV_SEND_SIGNALED;
+      if (signalled(number)) wr[i].send_flags |= IBV_SEND_SIGNALED;
       if (length <= qp_->inline_bytes()) wr[i].send_flags |= IBV_SEND_INLINE;
       wr[i].next = i + 1 < count ? &wr[i + 1] : nullptr;
     }
@@ -325,6 +341,40 @@ class VerbsChannel final : public MessageChannel {
     sends_posted_ += count;
     return Status::Ok();
   }
+
+  // One SEND of up to the pair's inline bytes, gathered from `first` and
+  // `pieces` (at most send_sges() of them): the device copies them into
+  // the work request before ibv_post_send returns. Its send slot, counted
+  // as every SEND's is, goes unwritten.
+  Status post_inline_send(std::span<const uint8_t> first,
+                          std::span<const std::span<const uint8_t>> pieces) {
+    ibv_sge sge[kInlinePieces];
+    int count = 0;
+    auto add = [&](std::span<const uint8_t> bytes) {
+      if (bytes.empty()) return;
+      sge[count++] = {reinterpret_cast<uintptr_t>(bytes.data()),
+                      static_cast<uint32_t>(bytes.size()),
+                      slots_mr_->lkey()};  // unused: inline bytes are not read by the device
+    };
+    add(first);
+    for (const auto& piece : pieces)
+      add(piece);
+    ibv_send_wr wr{};
+    wr.wr_id = sends_posted_;
+    wr.sg_list = sge;
+    wr.num_sge = count;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_INLINE;
+    if (signalled(sends_posted_)) wr.send_flags |= IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp_->qp(), &wr, &bad);
+    if (rc != 0) return fail_sending("cannot post a SEND: " + errno_text(rc));
+    ++sends_posted_;
+    return Status::Ok();
+  }
+
+  // Whether SEND `number` asks for a completion (see kSignalEvery).
+  static bool signalled(uint64_t number) { return number % kSignalEvery == kSignalEvery - 1; }
 
   // Reads the peer's posted-receives count (once at a time), to learn the
   // credits it gave since the last read.
@@ -386,14 +436,23 @@ class VerbsChannel final : public MessageChannel {
     return send_failure_;
   }
 
-  Status post_receive(uint32_t slot) {
-    ibv_sge sge{reinterpret_cast<uintptr_t>(receive_slot(slot)), kSlotBytes, slots_mr_->lkey()};
-    ibv_recv_wr wr{};
-    wr.wr_id = slot;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
+  // Posts receives `from` to `to` (numbers: each into slot number %
+  // kSlots), with one ibv_post_recv.
+  Status post_receives(uint64_t from, uint64_t to) {
+    ibv_sge sge[kSlots];
+    ibv_recv_wr wr[kSlots];
+    const auto count = static_cast<uint32_t>(to - from);
+    for (uint32_t i = 0; i < count; ++i) {
+      const auto slot = static_cast<uint32_t>((from + i) % kSlots);
+      sge[i] = {reinterpret_cast<uintptr_t>(receive_slot(slot)), kSlotBytes, slots_mr_->lkey()};
+      wr[i] = {};
+      wr[i].wr_id = slot;
+      wr[i].sg_list = &sge[i];
+      wr[i].num_sge = 1;
+      wr[i].next = i + 1 < count ? &wr[i + 1] : nullptr;
+    }
     ibv_recv_wr* bad = nullptr;
-    const int rc = ibv_post_recv(qp_->qp(), &wr, &bad);
+    const int rc = ibv_post_recv(qp_->qp(), wr, &bad);
     if (rc != 0) return Unavailable("cannot post a receive: " + errno_text(rc));
     return Status::Ok();
   }
@@ -403,18 +462,20 @@ class VerbsChannel final : public MessageChannel {
     std::atomic_ref<uint64_t>(*posted_word()).store(posted, std::memory_order_release);
   }
 
-  // Posts the receive that was read out again (the oldest one taken):
-  // false when it could not (receive_failure_ says why).
-  bool repost() {
-    const uint32_t slot = receives_used_ % kSlots;
-    Status posted = post_receive(slot);
+  // The oldest receive taken is read out. Once kRepostBatch are, they are
+  // posted again, and the peer may send into them: false when they could
+  // not be (receive_failure_ says why).
+  bool read_out() {
+    ++receives_used_;
+    offset_ = 0;
+    if (receives_used_ - receives_reposted_ < kRepostBatch) return true;
+    Status posted = post_receives(receives_reposted_, receives_used_);
     if (!posted.ok()) {
       if (receive_failure_.ok()) receive_failure_ = posted;
       return false;
     }
-    ++receives_used_;
-    offset_ = 0;
-    publish_posted(receives_used_ + kSlots);
+    receives_reposted_ = receives_used_;
+    publish_posted(receives_reposted_ + kSlots);
     return true;
   }
 
@@ -470,9 +531,10 @@ class VerbsChannel final : public MessageChannel {
   Status send_failure_;
 
   // The reader's.
-  uint64_t receives_done_ = 0;  // completions taken
-  uint64_t receives_used_ = 0;  // receives read out and posted again
-  size_t offset_ = 0;           // bytes read of the oldest receive taken
+  uint64_t receives_done_ = 0;      // completions taken
+  uint64_t receives_used_ = 0;      // receives read out
+  uint64_t receives_reposted_ = 0;  // receives read out and posted again
+  size_t offset_ = 0;               // bytes read of the oldest receive taken
   uint32_t lengths_[kSlots] = {};
   Status receive_failure_;
 };

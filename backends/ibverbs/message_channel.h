@@ -1,12 +1,14 @@
 // Endpoint frames over verbs SEND/RECV (a MessageChannel, rdmabuf/backend.h).
 //
 // Each side posts kSlots receives of kSlotBytes into registered memory of
-// its own and keeps them posted: a receive read out is posted again at
-// once. A write copies its bytes into send slots (registered too) and
-// posts one SEND per slot, so the peer's NIC puts them straight into a
-// posted receive; the reader takes them where they lie. Small SENDs go
-// inline (in the work request), and only one in eight asks for a
-// completion (the send queue completes in order).
+// its own and keeps them posted: receives read out are posted again
+// kRepostBatch at a time, with one call. A write copies its bytes into
+// send slots (registered too) and posts one SEND per slot, so the peer's
+// NIC puts them straight into a posted receive; the reader takes them
+// where they lie. Small SENDs go inline (in the work request, gathered
+// from the writer's bytes where they lie, with no copy into a slot), and
+// only one in eight asks for a completion (the send queue completes in
+// order).
 //
 // Flow control by credits, with no message for them: each side keeps, in
 // a word the peer may read (RDMA READ), how many receives it has posted in

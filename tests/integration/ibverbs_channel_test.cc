@@ -203,24 +203,29 @@ TEST_F(IbverbsChannelTest, AWriterWaitsForTheReadersReceives) {
   }
   ASSERT_TRUE(wrote.ok()) << wrote.status().to_string();
   EXPECT_FALSE(*wrote) << "a writer ran past every receive the reader posted";
-  EXPECT_EQ(accepted, a_->capacity() / frame.size());
+  // At least one write of capacity() bytes fits in what the reader posts.
+  EXPECT_GE(accepted, a_->capacity() / frame.size());
   // Still refused while the reader reads nothing.
   std::this_thread::sleep_for(50ms);
   auto again = a_->write_whole(frame, {});
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE(*again);
-  // The reader takes two; the writer, once it has read the reader's count
+  // The reader takes half (its receives are posted again a few at a time,
+  // fewer than that); the writer, once it has read the reader's count
   // again, gets room for two more.
-  std::vector<uint8_t> two(frame);
-  two.insert(two.end(), frame.begin(), frame.end());
-  EXPECT_EQ(read_exactly(two.size()), two);
+  const size_t half = accepted / 2;
+  std::vector<uint8_t> frames;
+  for (size_t i = 0; i < half; ++i)
+    frames.insert(frames.end(), frame.begin(), frame.end());
+  EXPECT_EQ(read_exactly(frames.size()), frames);
   for (int i = 0; i < 2; ++i) {
     auto more = write_waiting(frame);
     ASSERT_TRUE(more.ok() && *more) << "no room came back: " << more.status().to_string();
   }
-  const auto rest = read_exactly(accepted * frame.size());  // the rest, and the two
-  ASSERT_EQ(rest.size(), accepted * frame.size());
-  for (size_t i = 0; i < accepted; ++i) {
+  const size_t left = accepted - half + 2;  // the rest, and the two
+  const auto rest = read_exactly(left * frame.size());
+  ASSERT_EQ(rest.size(), left * frame.size());
+  for (size_t i = 0; i < left; ++i) {
     ASSERT_TRUE(std::equal(frame.begin(), frame.end(), rest.begin() + i * frame.size()))
         << "frame " << i << " changed";
   }
@@ -310,7 +315,10 @@ TEST_F(IbverbsChannelTest, AGonePeerTakesNothingAndDoesNotHoldTheWriter) {
     ASSERT_TRUE(wrote.ok()) << wrote.status().to_string();
     if (*wrote) ++accepted;
   }
-  EXPECT_EQ(accepted, a_->capacity() / 16384) << "one SEND per receive the peer had posted";
+  // One SEND per receive the peer had posted: at least a write of
+  // capacity() bytes' worth, and far from all 100.
+  EXPECT_GE(accepted, a_->capacity() / 16384);
+  EXPECT_LT(accepted, 50u) << "the writer ran past the receives the peer had posted";
   const auto start = Clock::now();
   a_->drain(200ms);
   EXPECT_LT(Clock::now() - start, 5s) << "drain() went past its limit";
