@@ -227,12 +227,30 @@ class SmallBytes {
 };
 using FrameBytes = SmallBytes<64>;
 
+// A frame's header: the size of its payload, which follows, and its type.
+struct FrameHeader {
+  uint32_t size;
+  Frame type;
+};
+// The header in the first kHeaderSize bytes at `at` (a copy, when they lie
+// in the shared ring: the peer may write it meanwhile).
+// `at`: kHeaderSize bytes (no bounds to check).
+inline FrameHeader read_header(const uint8_t* at) {
+  uint32_t size;
+  std::memcpy(&size, at, sizeof size);
+  return {size, static_cast<Frame>(at[sizeof size])};
+}
+// Writes `header` into the kHeaderSize bytes at `at`.
+inline void write_header(uint8_t* at, FrameHeader header) {
+  std::memcpy(at, &header.size, sizeof header.size);
+  at[sizeof header.size] = static_cast<uint8_t>(header.type);
+}
+
 // Builds a frame: the header, then fields appended with the writer.
 class FrameBuilder {
  public:
-  explicit FrameBuilder(Frame type) : w_(bytes_) {
-    w_.put<uint32_t>(0);  // the length, set by done()
-    w_.put<uint8_t>(static_cast<uint8_t>(type));
+  explicit FrameBuilder(Frame type) : w_(bytes_), type_(type) {
+    bytes_.resize(kHeaderSize);  // written by done(), once the size is known
   }
   FrameBuilder(const FrameBuilder&) = delete;  // w_ refers to bytes_
   FrameBuilder& operator=(const FrameBuilder&) = delete;
@@ -251,32 +269,19 @@ class FrameBuilder {
   // payload bytes follow them (sent separately, so a message is not copied
   // into the frame).
   std::span<const uint8_t> done(size_t tail_size = 0) {
-    uint32_t size = static_cast<uint32_t>(bytes_.size() - kHeaderSize + tail_size);
-    std::memcpy(bytes_.data(), &size, sizeof size);
+    write_header(bytes_.data(),
+                 {static_cast<uint32_t>(bytes_.size() - kHeaderSize + tail_size), type_});
     return {bytes_.data(), bytes_.size()};
   }
 
  private:
   FrameBytes bytes_;
   BasicWireWriter<FrameBytes> w_;
+  Frame type_;
 };
 
 std::span<const uint8_t> text_bytes(const std::string& text) {
   return {reinterpret_cast<const uint8_t*>(text.data()), std::min<size_t>(text.size(), 1024)};
-}
-
-// A frame's header: the size of its payload, which follows, and its type.
-struct FrameHeader {
-  uint32_t size;
-  Frame type;
-};
-// The header in the first kHeaderSize bytes at `at` (a copy, when they lie
-// in the shared ring: the peer may write it meanwhile).
-// `at`: kHeaderSize bytes (no bounds to check).
-inline FrameHeader read_header(const uint8_t* at) {
-  uint32_t size;
-  std::memcpy(&size, at, sizeof size);
-  return {size, static_cast<Frame>(at[sizeof size])};
 }
 
 Status payload_too_large(uint32_t size) {
@@ -1687,12 +1692,12 @@ class EndpointImpl {
     const size_t at = deferred_.size();
     deferred_.resize(at + kHeaderSize + payload);
     uint8_t* out = deferred_.data() + at;
+    write_header(out, {static_cast<uint32_t>(payload), Frame::kPosted});
+    out += kHeaderSize;
     auto put = [&out](auto value) {  // little-endian, as the host (common/wire.h)
       std::memcpy(out, &value, sizeof value);
       out += sizeof value;
     };
-    put(static_cast<uint32_t>(payload));
-    put(static_cast<uint8_t>(Frame::kPosted));
     put(seq);
     put(capacity);
     put(static_cast<uint16_t>(handle.size()));
