@@ -1,5 +1,6 @@
 #include "backends/ibverbs/message_channel.h"
 
+#include <endian.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 
@@ -122,6 +123,7 @@ class VerbsChannel final : public MessageChannel {
     }
     const uint64_t sends = (total + kSlotBytes - 1) / kSlotBytes;
     if (!has_room(sends)) {
+      hear_credits();
       RDMABUF_RETURN_IF_ERROR(take_send_completions());
       if (!has_room(sends)) {
         RDMABUF_RETURN_IF_ERROR(read_credits());
@@ -129,9 +131,13 @@ class VerbsChannel final : public MessageChannel {
       }
     }
     RDMABUF_RETURN_IF_ERROR(post_sends(first, pieces, total));
-    // Fewer than half the peer's receives left: ask for its count now, so
-    // that it is back before they run out.
-    if (peer_receives_ - sends_posted_ < kSlots / 2) RDMABUF_RETURN_IF_ERROR(read_credits());
+    // Fewer than half the peer's receives left, even by the count its last
+    // SEND carried: ask for its count now, so that it is back before they
+    // run out.
+    if (peer_receives_ - sends_posted_ < kSlots / 2) {
+      hear_credits();
+      if (peer_receives_ - sends_posted_ < kSlots / 2) RDMABUF_RETURN_IF_ERROR(read_credits());
+    }
     return true;
   }
 
@@ -304,6 +310,7 @@ class VerbsChannel final : public MessageChannel {
     }
     ibv_sge sge[kSlots];
     ibv_send_wr wr[kSlots];
+    const uint32_t posted_imm = posted_for_peer();
     uint32_t count = 0;
     size_t filled = 0;  // bytes in the slot being filled
     auto add = [&](std::span<const uint8_t> bytes) {
@@ -330,7 +337,8 @@ class VerbsChannel final : public MessageChannel {
       wr[i].wr_id = number;
       wr[i].sg_list = &sge[i];
       wr[i].num_sge = 1;
-      wr[i].opcode = IBV_WR_SEND;
+      wr[i].opcode = IBV_WR_SEND_WITH_IMM;
+      wr[i].imm_data = posted_imm;
       if (signalled(number)) wr[i].send_flags |= IBV_SEND_SIGNALED;
       if (length <= qp_->inline_bytes()) wr[i].send_flags |= IBV_SEND_INLINE;
       wr[i].next = i + 1 < count ? &wr[i + 1] : nullptr;
@@ -363,7 +371,8 @@ class VerbsChannel final : public MessageChannel {
     wr.wr_id = sends_posted_;
     wr.sg_list = sge;
     wr.num_sge = count;
-    wr.opcode = IBV_WR_SEND;
+    wr.opcode = IBV_WR_SEND_WITH_IMM;
+    wr.imm_data = posted_for_peer();
     wr.send_flags = IBV_SEND_INLINE;
     if (signalled(sends_posted_)) wr.send_flags |= IBV_SEND_SIGNALED;
     ibv_send_wr* bad = nullptr;
@@ -371,6 +380,20 @@ class VerbsChannel final : public MessageChannel {
     if (rc != 0) return fail_sending("cannot post a SEND: " + errno_text(rc));
     ++sends_posted_;
     return Status::Ok();
+  }
+
+  // What each SEND carries as its immediate: the low 32 bits of this
+  // side's posted-receives count, big-endian (hear_posted takes it in).
+  uint32_t posted_for_peer() const {
+    return htobe32(static_cast<uint32_t>(
+        std::atomic_ref<uint64_t>(*posted_word()).load(std::memory_order_relaxed)));
+  }
+
+  // Takes in the peer's count as its last SEND carried it (hear_posted),
+  // capped as a read one is.
+  void hear_credits() {
+    const uint64_t heard = peer_posted_heard_.load(std::memory_order_relaxed);
+    peer_receives_ = std::clamp(heard, peer_receives_, sends_posted_ + kSlots);
   }
 
   // Whether SEND `number` asks for a completion (see kSignalEvery).
@@ -479,6 +502,18 @@ class VerbsChannel final : public MessageChannel {
     return true;
   }
 
+  // A SEND's immediate: the low 32 bits of the peer's posted-receives
+  // count when it posted the SEND. Counts only grow, and by less than 2^31
+  // between two SENDs, so it is widened against the last one heard; an
+  // older one (behind it) is dropped. For the writer (hear_credits).
+  void hear_posted(uint32_t low) {
+    const uint64_t last = peer_posted_heard_.load(std::memory_order_relaxed);
+    const uint32_t ahead = low - static_cast<uint32_t>(last);
+    if (ahead != 0 && ahead < (uint32_t{1} << 31)) {
+      peer_posted_heard_.store(last + ahead, std::memory_order_relaxed);
+    }
+  }
+
   void take_receive_completions() {
     if (!receive_failure_.ok()) return;
     ibv_wc wc[kPollBatch];
@@ -507,6 +542,7 @@ class VerbsChannel final : public MessageChannel {
         return;
       }
       lengths_[slot] = std::min(wc[i].byte_len, kSlotBytes);
+      if ((wc[i].wc_flags & IBV_WC_WITH_IMM) != 0) hear_posted(be32toh(wc[i].imm_data));
       ++receives_done_;
     }
   }
@@ -525,7 +561,7 @@ class VerbsChannel final : public MessageChannel {
   // The writer's.
   uint64_t sends_posted_ = 0;
   uint64_t sends_done_ = 0;
-  uint64_t peer_receives_ = kSlots;  // the receives the peer had posted, as last read
+  uint64_t peer_receives_ = kSlots;  // the receives the peer had posted, as last read or heard
   bool credit_read_pending_ = false;
   uint64_t credit_read_sends_ = 0;  // the SENDs posted before the pending credit read
   Status send_failure_;
@@ -537,6 +573,10 @@ class VerbsChannel final : public MessageChannel {
   size_t offset_ = 0;               // bytes read of the oldest receive taken
   uint32_t lengths_[kSlots] = {};
   Status receive_failure_;
+
+  // The peer's posted-receives count, as its SENDs last carried it: set by
+  // the reader, taken in by the writer.
+  std::atomic<uint64_t> peer_posted_heard_{kSlots};
 };
 
 }  // namespace

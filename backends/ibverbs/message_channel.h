@@ -12,11 +12,17 @@
 //
 // Flow control by credits, with no message for them: each side keeps, in
 // a word the peer may read (RDMA READ), how many receives it has posted in
-// all. A writer may post as many SENDs as that count, so a receive is
-// always waiting (never "receiver not ready"). It reads the word again,
-// without waiting for the answer, once fewer than half its credits are
-// left: a reader that keeps up never holds a writer back, and the reader
-// never posts a thing to hand credits back.
+// all, and each of its SENDs carries that count as its immediate. A
+// writer may post as many SENDs as the count it last heard or read, so a
+// receive is always waiting (never "receiver not ready"). Once fewer than
+// half its credits are left it reads the word again, without waiting for
+// the answer: a reader that keeps up never holds a writer back, and the
+// reader never posts a thing to hand credits back. A peer that writes
+// back (an endpoint's credit frames, an echo) hands them back on its
+// SENDs, and the read is rarely needed: on Soft-RoCE each one cost the
+// peer's kernel a deferred task (and a switch to the thread that runs
+// it), and a tenth of 8 B ping-pongs took over twice the median
+// (docs/performance.md).
 //
 // A reader that sleeps arms its receive queue's completion events, whose
 // file descriptor then becomes readable when a SEND lands.

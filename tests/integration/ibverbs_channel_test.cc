@@ -2,7 +2,8 @@
 // SEND/RECV, backends/ibverbs/message_channel.h) on real verbs, two
 // channels of one process connected to each other: bytes in order across
 // receives, a writer held back by the reader's posted receives and let go
-// as it reads, a sleeping reader woken by its completion channel, bad
+// as it reads (learning their count from a read, or from the reader's
+// own SENDs), a sleeping reader woken by its completion channel, bad
 // addresses and sizes refused, a peer that is gone, and a probe answered
 // only while the peer lives; and an endpoint handshake whose peer answers
 // the RDMA channel with lies, refusals or a queue pair it cannot reach, or
@@ -116,6 +117,17 @@ class IbverbsChannelTest : public ::testing::Test {
     }
   }
 
+  // Writes `frame` from a_ until a write is refused (at most 1000 times):
+  // how many were taken.
+  Result<size_t> write_until_refused(std::span<const uint8_t> frame) {
+    size_t accepted = 0;
+    for (int i = 0; i < 1000; ++i) {
+      RDMABUF_ASSIGN_OR_RETURN(const bool wrote, a_->write_whole(frame, {}));
+      if (!wrote) break;
+      ++accepted;
+    }
+    return accepted;
+  }
   // Reads exactly `size` bytes at b_ (up to 10 s): what came.
   std::vector<uint8_t> read_exactly(size_t size) {
     std::vector<uint8_t> out(size);
@@ -199,15 +211,10 @@ TEST_F(IbverbsChannelTest, BytesArriveInOrderAcrossReceives) {
 // reads, the writer goes on. Nothing is lost or doubled.
 TEST_F(IbverbsChannelTest, AWriterWaitsForTheReadersReceives) {
   const auto frame = counting(16384, 7);  // one receive each
-  size_t accepted = 0;
-  Result<bool> wrote = true;
-  for (int i = 0; i < 1000 && wrote.ok() && *wrote; ++i) {
-    wrote = a_->write_whole(frame, {});
-    if (wrote.ok() && *wrote) ++accepted;
-  }
-  ASSERT_TRUE(wrote.ok()) << wrote.status().to_string();
-  EXPECT_FALSE(*wrote) << "a writer ran past every receive the reader posted";
-  EXPECT_EQ(accepted, kPostedReceives);
+  auto taken = write_until_refused(frame);
+  ASSERT_TRUE(taken.ok()) << taken.status().to_string();
+  const size_t accepted = *taken;
+  EXPECT_EQ(accepted, kPostedReceives) << "not stopped at the receives the reader posted";
   // At least one write of capacity() bytes fits in what the reader posts.
   EXPECT_GE(accepted, a_->capacity() / frame.size());
   // Still refused while the reader reads nothing.
@@ -235,6 +242,43 @@ TEST_F(IbverbsChannelTest, AWriterWaitsForTheReadersReceives) {
         << "frame " << i << " changed";
   }
   EXPECT_FALSE(b_->has_incoming());
+}
+
+// Each SEND carries its writer's count of receives posted: a writer that
+// ran out of the peer's receives gets room back as soon as it reads a
+// SEND the peer wrote after reading, with no credit read of its own (one
+// would leave this first write refused while it is under way).
+TEST_F(IbverbsChannelTest, AWriterLearnsTheReadersReceivesFromItsSends) {
+  const auto frame = counting(16384, 3);  // one receive each
+  auto accepted = write_until_refused(frame);
+  ASSERT_TRUE(accepted.ok()) << accepted.status().to_string();
+  ASSERT_EQ(*accepted, kPostedReceives) << "not stopped at the receives the reader posted";
+  // The refused write asked for the reader's count: let that read finish
+  // (it answers before the reader reads, so it brings no room).
+  const auto until = Clock::now() + 10s;
+  Result<bool> answered = false;
+  while (answered.ok() && !*answered && Clock::now() < until)
+    answered = a_->probe_answered();
+  ASSERT_TRUE(answered.ok() && *answered) << "the credit read was not answered";
+  std::vector<uint8_t> frames;
+  for (size_t i = 0; i < *accepted; ++i)
+    frames.insert(frames.end(), frame.begin(), frame.end());
+  ASSERT_EQ(read_exactly(frames.size()), frames);  // every receive posted again
+  const auto reply = counting(8, 200);
+  auto sent = b_->write_whole(reply, {});
+  ASSERT_TRUE(sent.ok() && *sent) << sent.status().to_string();
+  std::vector<uint8_t> got(reply.size());
+  size_t have = 0;
+  while (have < got.size() && Clock::now() < until) {
+    auto n = a_->read_some(got.data() + have, got.size() - have);
+    ASSERT_TRUE(n.ok()) << n.status().to_string();
+    have += *n;
+  }
+  ASSERT_EQ(got, reply);
+  auto again = a_->write_whole(frame, {});
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  ASSERT_TRUE(*again) << "the count the reader's SEND carried gave the writer no room";
+  EXPECT_EQ(read_exactly(frame.size()), frame);
 }
 
 // A reader with nothing to read arms its wakeup and sleeps on its fd,
