@@ -333,21 +333,10 @@ class VerbsChannel final : public MessageChannel {
       const auto length =
           static_cast<uint32_t>(std::min<size_t>(kSlotBytes, total - size_t{i} * kSlotBytes));
       sge[i] = {reinterpret_cast<uintptr_t>(send_slot(number % kSlots)), length, slots_mr_->lkey()};
-      wr[i] = {};
-      wr[i].wr_id = number;
-      wr[i].sg_list = &sge[i];
-      wr[i].num_sge = 1;
-      wr[i].opcode = IBV_WR_SEND_WITH_IMM;
-      wr[i].imm_data = posted_imm;
-      if (signalled(number)) wr[i].send_flags |= IBV_SEND_SIGNALED;
-      if (length <= qp_->inline_bytes()) wr[i].send_flags |= IBV_SEND_INLINE;
+      wr[i] = send_request(number, &sge[i], 1, length <= qp_->inline_bytes(), posted_imm);
       wr[i].next = i + 1 < count ? &wr[i + 1] : nullptr;
     }
-    ibv_send_wr* bad = nullptr;
-    const int rc = ibv_post_send(qp_->qp(), wr, &bad);
-    if (rc != 0) return fail_sending("cannot post a SEND: " + errno_text(rc));
-    sends_posted_ += count;
-    return Status::Ok();
+    return post_chain(wr, count);
   }
 
   // One SEND of up to the pair's inline bytes, gathered from `first` and
@@ -367,18 +356,33 @@ class VerbsChannel final : public MessageChannel {
     add(first);
     for (const auto& piece : pieces)
       add(piece);
+    ibv_send_wr wr =
+        send_request(sends_posted_, sge, count, /*inline_bytes=*/true, posted_for_peer());
+    return post_chain(&wr, 1);
+  }
+
+  // The work request of SEND `number`, its bytes in the `sges` entries at
+  // `sge`, inline or not, signalled as kSignalEvery says, carrying `imm`
+  // (posted_for_peer) as its immediate.
+  static ibv_send_wr send_request(uint64_t number, ibv_sge* sge, int sges, bool inline_bytes,
+                                  uint32_t imm) {
     ibv_send_wr wr{};
-    wr.wr_id = sends_posted_;
+    wr.wr_id = number;
     wr.sg_list = sge;
-    wr.num_sge = count;
+    wr.num_sge = sges;
     wr.opcode = IBV_WR_SEND_WITH_IMM;
-    wr.imm_data = posted_for_peer();
-    wr.send_flags = IBV_SEND_INLINE;
-    if (signalled(sends_posted_)) wr.send_flags |= IBV_SEND_SIGNALED;
+    wr.imm_data = imm;
+    if (inline_bytes) wr.send_flags |= IBV_SEND_INLINE;
+    if (signalled(number)) wr.send_flags |= IBV_SEND_SIGNALED;
+    return wr;
+  }
+
+  // Posts the `count` SENDs chained from `wr`, the next ones in number.
+  Status post_chain(ibv_send_wr* wr, uint32_t count) {
     ibv_send_wr* bad = nullptr;
-    const int rc = ibv_post_send(qp_->qp(), &wr, &bad);
+    const int rc = ibv_post_send(qp_->qp(), wr, &bad);
     if (rc != 0) return fail_sending("cannot post a SEND: " + errno_text(rc));
-    ++sends_posted_;
+    sends_posted_ += count;
     return Status::Ok();
   }
 
