@@ -63,4 +63,14 @@ struct BufferQuery {
 Result<BufferQuery> read_query(int fd, int stop_fd);
 Status send_answer(int fd, uint64_t id, StatusCode code, int stop_fd);
 
+// The RDMA channel's SENDs carry, as their immediate, the low 32 bits of
+// their sender's count of receives posted (docs/wire-format.md, "The RDMA
+// channel"). The count `low` stands for, widened against `last`, the
+// largest heard so far: counts only grow, and by less than 2^31 between two
+// SENDs, so one at or behind `last` (older, or a lie) gives `last`.
+inline uint64_t widen_posted_count(uint64_t last, uint32_t low) {
+  const uint32_t ahead = low - static_cast<uint32_t>(last);
+  return ahead < (uint32_t{1} << 31) ? last + ahead : last;
+}
+
 }  // namespace rdmabuf::ibverbs

@@ -507,15 +507,12 @@ class VerbsChannel final : public MessageChannel {
   }
 
   // A SEND's immediate: the low 32 bits of the peer's posted-receives
-  // count when it posted the SEND. Counts only grow, and by less than 2^31
-  // between two SENDs, so it is widened against the last one heard; an
-  // older one (behind it) is dropped. For the writer (hear_credits).
+  // count when it posted the SEND, widened against the last one heard
+  // (widen_posted_count). For the writer (hear_credits).
   void hear_posted(uint32_t low) {
     const uint64_t last = peer_posted_heard_.load(std::memory_order_relaxed);
-    const uint32_t ahead = low - static_cast<uint32_t>(last);
-    if (ahead != 0 && ahead < (uint32_t{1} << 31)) {
-      peer_posted_heard_.store(last + ahead, std::memory_order_relaxed);
-    }
+    const uint64_t heard = widen_posted_count(last, low);
+    if (heard != last) peer_posted_heard_.store(heard, std::memory_order_relaxed);
   }
 
   void take_receive_completions() {

@@ -1,6 +1,7 @@
 // The ibverbs backend's control frames (backends/ibverbs/handshake.h): each
 // frame its sender writes decodes to what was sent, and the decoders refuse
-// every byte docs/wire-format.md says must be zero. Built only with the
+// every byte docs/wire-format.md says must be zero; and the RDMA channel's
+// counts carried as immediates widen forward only. Built only with the
 // verbs header (an endpoint carries an ibv_gid).
 #include <sys/socket.h>
 
@@ -149,6 +150,22 @@ TEST(IbverbsHandshakeTest, AnswerRefusesReservedBytes) {
                 .status()
                 .code(),
             StatusCode::kProtocolError);
+}
+
+// A channel SEND's immediate (the low 32 bits of a posted-receives count)
+// widens to the count it stands for, across the 32-bit wrap; one at or
+// behind the last heard, or 2^31 or more ahead of it, leaves it.
+TEST(IbverbsChannelCount, ImmediatesWidenForwardOnly) {
+  EXPECT_EQ(widen_posted_count(32, 40), 40u);
+  EXPECT_EQ(widen_posted_count(40, 40), 40u);
+  EXPECT_EQ(widen_posted_count(40, 32), 40u) << "an older count";
+  constexpr uint64_t k2to32 = uint64_t{1} << 32;
+  EXPECT_EQ(widen_posted_count(k2to32 - 8, 8), k2to32 + 8) << "across the wrap";
+  EXPECT_EQ(widen_posted_count(k2to32 + 8, 0xfffffff8u), k2to32 + 8) << "behind, across the wrap";
+  EXPECT_EQ(widen_posted_count(3 * k2to32 + 100, 99), 3 * k2to32 + 100);
+  const uint32_t half = uint32_t{1} << 31;
+  EXPECT_EQ(widen_posted_count(100, 100 + half - 1), 100 + uint64_t{half} - 1);
+  EXPECT_EQ(widen_posted_count(100, 100 + half), 100u) << "as far behind as ahead: not taken";
 }
 
 }  // namespace
