@@ -10,7 +10,7 @@
 //             buffer), kSentInline (the message itself, when small),
 //             kSentPart (the message itself, in as many frames as it
 //             takes, when the channel is the better way for its size; see
-//             frames_limit()), kTooLarge (it does not fit; both calls fail)
+//             stream_limit_), kTooLarge (it does not fit; both calls fail)
 //             or kNotTaken (nothing was written; after kWithdrawn, the
 //             receiver giving up on a receive whose buffer it released
 //             already).
@@ -82,16 +82,14 @@ constexpr int kRingPartsPerWrite = 1;
 // Messages up to this size travel in parts through the shared-memory
 // channel; larger ones by a one-sided write (process_vm_writev on one
 // host). Through the rings a 64 KiB message has the lower latency (two
-// copies, on two cores at once, no system call); from 128 KiB on the
-// write's single copy carried 1.4-2.4 times the rings' bandwidth, at the
-// same or a lower latency (docs/performance.md, "Messages over endpoints").
+// copies, on two cores at once, no system call) and, since the rings are
+// 2 MiB, the higher bandwidth in a stream too: 22-24 GB/s against the
+// write's 7.8-7.9 on an AMD EPYC host, where the 512 KiB rings had carried
+// a stream's 64 KiB messages slower than the write (docs/performance.md,
+// twenty-first session). From 128 KiB on the write's single copy carried
+// 1.4-2.4 times the rings' bandwidth, at the same or a lower latency
+// (docs/performance.md, "Messages over endpoints").
 constexpr uint64_t kShmStreamLimit = 64 * 1024;
-// The same for a message in a stream: a send posted while others of the
-// endpoint are outstanding (posted and not yet waited for), or one that
-// waited for a credit. The write's copy runs on the manager's threads, a
-// stream's writes side by side: streamed 64 KiB messages moved 15.8 GB/s
-// so against the rings' 12.3, 32 KiB 10.5 against 10.0.
-constexpr uint64_t kShmStreamingLimit = 32 * 1024;
 // Over an RDMA channel, messages up to this size travel in parts (SENDs):
 // larger ones by a one-sided RDMA WRITE into the receive, which is
 // registered for it.
@@ -1073,11 +1071,7 @@ class EndpointImpl {
   // The same for `message` against `credit`: in frames when it is small
   // enough, or too large for the receive (kTooLarge).
   bool answered_by_frames(const LocalMemory& message, const Credit& credit) const {
-    return message.size() <= frames_limit() || message.size() > credit.capacity;
-  }
-  // The largest message sent in frames now (mu_ held): see kShmStreamingLimit.
-  uint64_t frames_limit() const {
-    return ring_.is_shm() && !sends_.empty() ? kShmStreamingLimit : stream_limit_;
+    return message.size() <= stream_limit_ || message.size() > credit.capacity;
   }
 
   // Something for progress_sends() to do (mu_ held).
@@ -2806,8 +2800,7 @@ class EndpointImpl {
   std::atomic<bool> register_when_posted_{true};
   // Messages of more than kInlineLimit bytes and up to this size travel in
   // kSentPart frames through the control channel; larger ones by a
-  // one-sided write. (Through shared memory a send in a stream has a lower
-  // limit: frames_limit().)
+  // one-sided write.
   const uint64_t stream_limit_;
   std::mutex join_mu_;
   std::thread reader_;

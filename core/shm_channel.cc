@@ -154,8 +154,8 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {
                               " (another user, or a ptrace policy that forbids access)");
   }
   if (!sealed_at_size(fd.get(), kFileBytes)) {
-    return FailedPrecondition(path +
-                              " is not an endpoint's shared rings (or not sealed at its size)");
+    return FailedPrecondition(
+        path + " is not an endpoint's shared rings of this version (or not sealed at its size)");
   }
   void* base = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {

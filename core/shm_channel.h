@@ -133,7 +133,13 @@ class ShmChannel {
   static constexpr size_t ring_bytes() { return kRingBytes; }
 
  private:
-  static constexpr size_t kRingBytes = size_t{512} << 10;  // a power of two
+  // A power of two, and larger than a core's L2 (1 MiB on the AMD EPYC host
+  // measured): by the time the writer comes round to a line again, the
+  // reader's copy of it has left the reader's L2, so the writer's store
+  // need not take the line from the other core first. With 512 KiB rings,
+  // 4 KiB messages streamed at 7.1-7.5 GB/s there (UCX: 8.3-8.6); with
+  // 2 MiB ones at 9-22 (docs/performance.md, twenty-first session).
+  static constexpr size_t kRingBytes = size_t{2048} << 10;
   static_assert((kRingBytes & (kRingBytes - 1)) == 0);
   static constexpr uint64_t kLineBytes = 64;
   static constexpr size_t kDemoteMost = 1024;  // see publish()

@@ -19,7 +19,7 @@ namespace rdmabuf::ibverbs {
 namespace {
 
 // Receives each side keeps posted, and SENDs a writer has in flight at
-// most: 512 KiB each way, as the shared-memory rings.
+// most: 512 KiB each way.
 constexpr uint32_t kSlots = 32;
 // The bytes of one SEND, and of one posted receive.
 constexpr uint32_t kSlotBytes = 16 * 1024;

@@ -1304,7 +1304,7 @@ TEST_P(ConformanceTest, EndpointSmallSendsQueuedForCreditsEachLandWithTheirOwnOu
 
 // Both sides stream windows of messages at each other at once, each with a
 // thread that keeps receives posted: the control channel fills both ways
-// (through shared memory the rings, each 512 KiB, hold a fraction of what
+// (through shared memory the rings, each 2 MiB, hold a fraction of what
 // is in flight; over TCP, 64 KiB messages travel in the connection), and
 // every message still lands, whole and in order.
 TEST_P(ConformanceTest, EndpointWindowsOfLargeMessagesBothWaysAtOnceAllLand) {

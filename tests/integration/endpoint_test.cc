@@ -171,7 +171,7 @@ TEST_P(EndpointTest, PeerThatCorruptsTheSharedRingsIsCutOff) {
   // 0's control (written by the connecting side, the peer) at byte 64:
   // tail, head, doorbell, a 64-byte line each.
   auto* words = static_cast<uint64_t*>(base);
-  ASSERT_EQ(words[2], 512u << 10) << "ring size where the layout says";
+  ASSERT_EQ(words[2], 2048u << 10) << "ring size where the layout says";
   std::atomic_ref<uint64_t> tail(words[64 / 8]);
   const uint64_t head = std::atomic_ref<uint64_t>(words[128 / 8]).load();
   tail.store(head + 10 * words[2]);
