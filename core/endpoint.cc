@@ -2076,8 +2076,8 @@ class EndpointImpl {
         if (stopped || (!ring_.has_incoming() && !peer_closed_)) return Status::Ok();
       }
       // One read per call; through shared memory, as many as complete the
-      // frame begun (receive_some takes one cut by the ring's end in two:
-      // its header, then the rest).
+      // frame begun (receive_some copies one in two: its header, then the
+      // rest).
       if (read_once && !(ring_ && in_end_ > in_begin_)) return Status::Ok();
       if (lock.owns_lock()) lock.unlock();  // dispatch takes it
       // Keep what is left of a frame at the front, then read more.
@@ -2181,10 +2181,12 @@ class EndpointImpl {
   // the ring, so that no frame take_frames_in_place() could take where it
   // lies goes through in_ (twice copied). At a frame's start, the whole
   // frames in front when they are not messages; else the frame in front
-  // is one that it could not take (cut by the ring's end, say, as one in
-  // a hundred 4 KiB messages is): its header, then the rest of it.
-  // (Copying up to kInCapacity there took a tenth of a 4 KiB stream's
-  // messages through in_.) in_ holds only the start of a frame, if any.
+  // is one that it could not take (a large frame other than a message, a
+  // notification while the queue is full, or one a peer cut across two
+  // records, which this version's writers never do): its header, then the
+  // rest of it. (Copying up to kInCapacity there took a tenth of a 4 KiB
+  // stream's messages through in_, when the rings were bytes that the
+  // ring's end cut.) in_ holds only the start of a frame, if any.
   Result<size_t> ring_bytes_to_copy() {
     const size_t have = in_end_ - in_begin_;
     if (have == 0) {

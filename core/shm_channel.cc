@@ -18,7 +18,9 @@
 namespace rdmabuf {
 namespace {
 
-constexpr uint64_t kChannelMagic = 0x314e4843504552ULL;  // "REPCHN1"
+// "REPCHN2": rings of records (REPCHN1's were bare bytes and a tail; a
+// peer of that version and this one each refuse the other's file).
+constexpr uint64_t kChannelMagic = 0x324e4843504552ULL;
 
 }  // namespace
 
@@ -171,51 +173,41 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {
   return channel;
 }
 
-Result<size_t> ShmChannel::write_some(const uint8_t* data, size_t size) {
-  const std::span<const uint8_t> piece(data, size);
-  return write_some(std::span(&piece, 1), 0);
-}
-
-Result<size_t> ShmChannel::write_some(std::span<const std::span<const uint8_t>> pieces,
-                                      size_t skip) {
-  size_t wanted = 0;
-  for (const auto& piece : pieces)
-    wanted += piece.size();
-  wanted -= std::min(skip, wanted);
-  RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(wanted));
-  size_t written = 0;
-  for (std::span<const uint8_t> piece : pieces) {
-    if (skip >= piece.size()) {
-      skip -= piece.size();
-      continue;
-    }
-    piece = piece.subspan(skip, std::min(piece.size() - skip, room - written));
-    skip = 0;
-    copy_in(piece, written);
-    written += piece.size();
-    if (written == room) break;
-  }
-  if (written > 0) publish(written);
-  return written;
-}
-
 Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
                                      std::span<const std::span<const uint8_t>> pieces) {
-  size_t wanted = first.size();
+  size_t size = first.size();
   for (const auto& piece : pieces)
-    wanted += piece.size();
-  if (wanted > kRingBytes) {
-    return InvalidArgument("frames of " + std::to_string(wanted) + " bytes do not fit the ring");
+    size += piece.size();
+  if (size > most_whole_write()) {
+    return InvalidArgument("frames of " + std::to_string(size) + " bytes do not fit the ring");
   }
-  RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(wanted));
-  if (room < wanted) return false;
-  copy_in(first, 0);
-  size_t written = first.size();
+  if (size == 0) return true;
+  const size_t record = (sizeof(uint64_t) + size + kRecordAlign - 1) & ~(kRecordAlign - 1);
+  const size_t at = out_tail_ & (kRingBytes - 1);
+  // Past the ring's end: a wrap mark here, the record at the next lap's start.
+  const size_t skipped = at + record > kRingBytes ? kRingBytes - at : 0;
+  // The word after the record, zeroed, is the next record's header.
+  RDMABUF_ASSIGN_OR_RETURN(const size_t room, room_for(skipped + record + sizeof(uint64_t)));
+  if (room < skipped + record + sizeof(uint64_t)) return false;
+  const uint64_t start = out_tail_ + skipped;
+  size_t offset = (start & (kRingBytes - 1)) + sizeof(uint64_t);
+  copy_in(first, offset);
+  offset += first.size();
   for (const auto& piece : pieces) {
-    copy_in(piece, written);
-    written += piece.size();
+    copy_in(piece, offset);
+    offset += piece.size();
   }
-  if (written > 0) publish(written);
+  out_tail_ = start + record;
+  zero_word(out_tail_);
+  const uint64_t header = kRecordMark << 32 | size;
+  if (skipped == 0) {
+    publish(start, header, record);
+  } else {
+    // The record first, then the mark that leads the reader to it.
+    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(out_data_))
+        .store(header, std::memory_order_release);
+    publish(start - skipped, kWrapMark << 32, 0);
+  }
   return true;
 }
 
@@ -230,53 +222,62 @@ Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
   return kRingBytes - (out_tail_ - out_head_);
 }
 
-[[gnu::always_inline]] inline void ShmChannel::copy_in(std::span<const uint8_t> piece,
-                                                       size_t offset) {
+[[gnu::always_inline]] inline void ShmChannel::copy_in(std::span<const uint8_t> piece, size_t at) {
   if (piece.empty()) return;  // its data() may be null, which memcpy must not get
-  const size_t at = (out_tail_ + offset) & (kRingBytes - 1);
-  const size_t first = std::min(piece.size(), kRingBytes - at);
-  std::memcpy(out_data_ + at, piece.data(), first);
-  if (piece.size() > first) std::memcpy(out_data_, piece.data() + first, piece.size() - first);
+  std::memcpy(out_data_ + at, piece.data(), piece.size());
 }
 
-[[gnu::always_inline]] inline void ShmChannel::publish(size_t size) {
-  // Small writes only: the hint costs the writer about 5 ns a line, and a
-  // reader busy copying larger ones out gained nothing from it.
-  const bool demote = demotes_ && size <= kDemoteMost;
-  if (demote) demote_written(size);
-  out_tail_ += size;
+[[gnu::always_inline]] inline void ShmChannel::zero_word(uint64_t at) {
+  auto* word = reinterpret_cast<uint64_t*>(out_data_ + (at & (kRingBytes - 1)));
+  shared(*word).store(0, std::memory_order_relaxed);
+}
+
+[[gnu::always_inline]] inline void ShmChannel::publish(uint64_t at, uint64_t word,
+                                                       size_t record_bytes) {
+  auto* header = reinterpret_cast<uint64_t*>(out_data_ + (at & (kRingBytes - 1)));
   // A reader that asked for a doorbell before this store is seen by
-  // doorbell_requested()'s load; one that asks after sees the bytes. Either
-  // this store is seq_cst, or the reader's membarrier fences this thread
-  // (the header says why); then only the compiler must keep the order.
+  // doorbell_requested()'s load; one that asks after sees the record.
+  // Either this store is seq_cst, or the reader's membarrier fences this
+  // thread (the header says why); then only the compiler must keep the
+  // order.
   if (writes_without_fence()) {
-    shared(out_control_->tail).store(out_tail_, std::memory_order_release);
+    shared(*header).store(word, std::memory_order_release);
     std::atomic_signal_fence(std::memory_order_seq_cst);
   } else {
-    shared(out_control_->tail).store(out_tail_, std::memory_order_seq_cst);
+    shared(*header).store(word, std::memory_order_seq_cst);
   }
-  if (demote) demote_line(&out_control_->tail);
+  // Small records only: the hint costs the writer about 5 ns a line, and a
+  // reader busy copying larger ones out gained nothing from it.
+  if (demotes_ && record_bytes <= kDemoteMost) {
+    for (size_t line = 0; line < record_bytes; line += kLineBytes)
+      demote_line(reinterpret_cast<uint8_t*>(header) + line);
+  }
 }
 
-[[gnu::always_inline]] inline void ShmChannel::demote_written(size_t size) {
-  const uint64_t end = out_tail_ + size;
-  for (uint64_t at = out_tail_ & ~(kLineBytes - 1); at < end; at += kLineBytes)
-    demote_line(out_data_ + (at & (kRingBytes - 1)));
+Result<std::span<const uint8_t>> ShmChannel::follow_wrap(uint64_t at, uint64_t word) {
+  if (word >> 32 != kWrapMark || (word & 0xffffffff) != 0 || (at & (kRingBytes - 1)) == 0) {
+    return corrupted();
+  }
+  const uint64_t lap = at + (kRingBytes - (at & (kRingBytes - 1)));
+  // The writer stores the record before the mark that leads to it.
+  const uint64_t first = incoming_word(lap, std::memory_order_acquire);
+  if (!is_record(lap, first)) return corrupted();
+  start_record(lap, first);
+  return std::span<const uint8_t>(in_data_ + sizeof(uint64_t), in_record_end_ - in_head_);
 }
 
 Result<size_t> ShmChannel::read_some(uint8_t* out, size_t size) {
-  RingControl& ring = *in_control_;
-  const uint64_t tail = shared(ring.tail).load(std::memory_order_acquire);
-  const uint64_t held = tail - in_head_;
-  if (held > kRingBytes) return corrupted();
-  const size_t n = std::min<size_t>(size, held);
-  if (n == 0) return n;
-  const size_t at = in_head_ & (kRingBytes - 1);
-  const size_t first = std::min(n, kRingBytes - at);
-  std::memcpy(out, in_data_ + at, first);
-  if (n > first) std::memcpy(out + first, in_data_, n - first);
-  in_head_ += n;
-  shared(ring.head).store(in_head_, std::memory_order_release);  // the room is the writer's again
+  size_t n = 0;
+  while (n < size) {
+    Result<std::span<const uint8_t>> bytes = peek();
+    // An error after bytes were copied waits for the next call.
+    if (!bytes.ok()) return n > 0 ? Result<size_t>(n) : bytes.status();
+    if (bytes->empty()) break;
+    const size_t piece = std::min(bytes->size(), size - n);
+    std::memcpy(out + n, bytes->data(), piece);
+    n += piece;
+    consume(piece);
+  }
   return n;
 }
 
@@ -286,7 +287,7 @@ bool ShmChannel::request_doorbell() {
   // The fence for the writer, which may have skipped its own. Should it
   // ever fail, the reader must not sleep: false, as if bytes had come.
   if (asymmetric_fences_ && membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0) return false;
-  return shared(ring.tail).load(std::memory_order_seq_cst) == in_head_;
+  return in_head_ == in_record_end_ && next_record_word(std::memory_order_seq_cst) == 0;
 }
 
 bool ShmChannel::doorbell_requested() {

@@ -1126,48 +1126,54 @@ TEST_P(ConformanceTest, EndpointManyPostedReceivesEndedInAnyOrderEachGetTheirOwn
   }
 }
 
-// Through the shared-memory channel a receiver takes a message where it
-// lies in the ring, unless the ring's end cuts its frame; then it copies
-// that frame, header first. This stream places the ring's end, lap after
-// lap, inside a message's header, inside its sequence number, at its first
-// byte, amid its bytes and between two frames, assuming what the channel
-// is today (rings of ShmChannel::ring_bytes(), starting empty, that carry
-// nothing but this stream's frames; a small message's frame is its bytes
-// and 13 more: docs/wire-format.md); should that change, it is still a
-// stream of odd-sized messages across several laps. Over TCP, the same
-// stream. Every message must land whole, in order, in its own receive.
-TEST_P(ConformanceTest, EndpointMessagesCutByTheRingsEndLandWhole) {
+// Through the shared-memory channel each frame goes into the ring as a
+// record of its own (a header word, then the frame, on the next 64-byte
+// line), and a record that does not fit before the ring's end goes to the
+// start of the next lap. This stream places the ring's end, lap after lap,
+// exactly at the end of a message's record, one line short of it, one line
+// past it, a line after the record before, and at a lap's very start,
+// assuming what the channel is today (rings of ShmChannel::ring_bytes(),
+// starting empty, that carry nothing but this stream's frames, one record
+// each; a small message's frame is its bytes and 13 more:
+// docs/wire-format.md); should that change, it is still a stream of
+// odd-sized messages across several laps. Over TCP, the same stream.
+// Every message must land whole, in order, in its own receive.
+TEST_P(ConformanceTest, EndpointMessagesAcrossTheRingsEndLandWhole) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
   constexpr size_t kFrameBytes = 13;  // beside a small message's own
   constexpr size_t kLargest = 4096;   // sent inline
+  const size_t line = ShmChannel::record_align();
   const size_t lap = ShmChannel::ring_bytes();
-  // Where, from a frame's start, the ring's end falls in each lap.
-  const std::vector<size_t> cuts = {2, 9, 13, 700, 0, 5, 4095};
+  // A message's record: its header word and frame, rounded up to a line.
+  auto record = [&](size_t size) { return (8 + kFrameBytes + size + line - 1) / line * line; };
+  const size_t largest = record(kLargest);
+  // What is left before the ring's end when the chosen message comes.
+  const std::vector<size_t> lefts = {largest, largest - line, line, largest + line, 0};
   std::vector<size_t> sizes;
-  size_t at = 0;  // where the next frame starts, in the stream
-  auto add = [&](size_t frame) {
-    sizes.push_back(frame - kFrameBytes);
-    at += frame;
+  size_t at = 0;                  // where the next record starts, in the ring's positions
+  auto add = [&](size_t bytes) {  // a message whose record is `bytes`
+    sizes.push_back(std::min(bytes - 8 - kFrameBytes, kLargest));
+    if (at % lap + bytes > lap) at += lap - at % lap;
+    at += bytes;
   };
-  for (size_t i = 0; i < cuts.size(); ++i) {
-    // Frames that end where the cut message must start: as large as they
-    // come, then two that share what is left (each at least a header).
-    const size_t start = (i + 1) * lap - cuts[i];
-    while (start - at >= 2 * (kFrameBytes + kLargest))
-      add(kFrameBytes + kLargest);
-    const size_t left = start - at;
-    if (left >= 2 * kFrameBytes) {
-      add(left / 2);
-      add(left - left / 2);
-    } else if (left >= kFrameBytes) {
-      add(left);
-    } else if (left > 0) {
-      continue;  // no frame is that small: this lap goes uncut
+  for (size_t i = 0; i < lefts.size(); ++i) {
+    // Records that end where the chosen message must start: as large as
+    // they come, then two that share what is left (each a line at least).
+    const size_t start = (i + 1) * lap - lefts[i];
+    while (start - at >= 2 * largest)
+      add(largest);
+    const size_t gap = start - at;
+    if (gap > largest) {
+      add(gap / 2 / line * line);
+      add(start - at);
+    } else if (gap > 0) {
+      add(gap);
     }
-    add(kFrameBytes + kLargest);  // the one the ring's end cuts
+    ASSERT_EQ(at, start) << "lap " << i;
+    add(largest);  // the one the ring's end meets
   }
-  ASSERT_GE(sizes.size(), cuts.size() * (lap / (kFrameBytes + kLargest)));
+  ASSERT_GE(sizes.size(), lefts.size() * (lap / largest));
 
   auto receiving = std::async(std::launch::async, [&, &receiver = receiver] {
     constexpr size_t kPosted = 32;

@@ -156,28 +156,39 @@ int find_endpoint_rings() {
   return found;
 }
 
-// A peer that scribbles over the shared rings (here: a tail that claims
-// ten rings' worth of unread bytes) is cut off with kProtocolError; nothing
-// is read out of bounds.
+// A peer that scribbles over the shared rings (here: a record header with
+// a mark that no writer stores, where its next record would go) is cut off
+// with kProtocolError; nothing is read out of bounds.
 TEST_P(EndpointTest, PeerThatCorruptsTheSharedRingsIsCutOff) {
   if (GetParam() != "shm") GTEST_SKIP() << "frames travel through TCP: there are no rings";
   CONNECT_OR_SKIP();
   const int fd = find_endpoint_rings();
   ASSERT_GE(fd, 0) << "no memfd:rdmabuf-endpoint among this process's descriptors";
+  // The layout of docs/wire-format.md: a page holding magic, nonce, ring
+  // size and the ring controls, then ring 0 (written by the connecting
+  // side, the peer), then ring 1.
   constexpr size_t kPage = 4096;
-  void* base = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  constexpr size_t kRing = 2048u << 10;
+  void* base = ::mmap(nullptr, kPage + 2 * kRing, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ASSERT_NE(base, MAP_FAILED);
-  // The layout of docs/wire-format.md: magic, nonce, ring size, then ring
-  // 0's control (written by the connecting side, the peer) at byte 64:
-  // tail, head, doorbell, a 64-byte line each.
   auto* words = static_cast<uint64_t*>(base);
-  ASSERT_EQ(words[2], 2048u << 10) << "ring size where the layout says";
-  std::atomic_ref<uint64_t> tail(words[64 / 8]);
-  const uint64_t head = std::atomic_ref<uint64_t>(words[128 / 8]).load();
-  tail.store(head + 10 * words[2]);
+  ASSERT_EQ(words[2], kRing) << "ring size where the layout says";
+  // Ring 0's records so far (the peer's handshake frames, if any): each a
+  // header word (length, mark "REC1"), its bytes, and the next on the next
+  // 64-byte line. The peer is idle: the word past the last is zero.
+  uint8_t* ring = static_cast<uint8_t*>(base) + kPage;
+  size_t at = 0;
+  for (uint64_t word;
+       (word = std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(ring + at)).load()) != 0;) {
+    ASSERT_EQ(word >> 32, 0x52454331u) << "a record's header at " << at;
+    at = (at + 8 + (word & 0xffffffff) + 63) & ~size_t{63};
+    ASSERT_LT(at, kRing);
+  }
+  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(ring + at))
+      .store(uint64_t{0x0badbeef} << 32 | 5);
   auto received = endpoint->receive(allocate(4096), kTimeout);
   EXPECT_EQ(received.status().code(), StatusCode::kProtocolError) << received.status().to_string();
-  ::munmap(base, kPage);
+  ::munmap(base, kPage + 2 * kRing);
 }
 
 INSTANTIATE_TEST_SUITE_P(Channels, EndpointTest, ::testing::Values("tcp", "shm"),
