@@ -101,6 +101,9 @@ class ShmChannel {
     return std::span<const uint8_t>(in_data_ + (in_head_ & (kRingBytes - 1)),
                                     in_record_end_ - in_head_);
   }
+  // The incoming ring where this side maps it: every view peek() gives lies
+  // within (for checks).
+  std::span<const uint8_t> incoming_ring() const { return {in_data_, kRingBytes}; }
   // Gives `size` bytes of a peek() back to the writer (at most those).
   void consume(size_t size) {
     in_head_ += size;

@@ -26,6 +26,7 @@
 #include "backends/ibverbs/handle_context.h"
 #include "common/buffer_access.h"
 #include "common/hello.h"
+#include "core/shm_channel.h"
 #include "fuzz/fuzz_support.h"
 #include "rdmabuf/rdmabuf.h"
 #include "tests/helpers/raw_endpoint.h"
@@ -354,6 +355,64 @@ void write_endpoint_handshakes(CorpusWriter& out) {
                                RawPayload().u32(RawEndpointPeer::kMagic).u16(99).u64(1))}));
 }
 
+// --- fuzz_shm_ring ----------------------------------------------------------------
+
+// Programs of {u8 op, u32 arg, u64 word} steps (fuzz_shm_ring.cc says what
+// each op does) that the channel's own writer could have led to: records,
+// a wrap to the next lap's start, reads in place and by copy, a write
+// against a peer's head.
+void write_shm_rings(CorpusWriter& out) {
+  out.start("fuzz_shm_ring");
+  constexpr uint64_t kRecord = uint64_t{0x52454331} << 32;  // "REC1"
+  constexpr uint64_t kWrap = uint64_t{0x57524150} << 32;    // "WRAP"
+  const uint32_t most = static_cast<uint32_t>(ShmChannel::most_whole_write());
+  struct Step {
+    uint8_t op;
+    uint32_t arg;
+    uint64_t word;
+  };
+  auto program = [](std::initializer_list<Step> steps) {
+    std::vector<uint8_t> bytes;
+    for (const Step& step : steps) {
+      const size_t at = bytes.size();
+      bytes.resize(at + 13);
+      std::memcpy(bytes.data() + at, &step.op, 1);
+      std::memcpy(bytes.data() + at + 1, &step.arg, 4);
+      std::memcpy(bytes.data() + at + 5, &step.word, 8);
+    }
+    return bytes;
+  };
+  enum : uint8_t { kPoke = 0, kPeek = 1, kRead = 2, kWrite = 3 };
+  out.write("two_records.bin", program({{kPoke, 0, kRecord | 5},
+                                        {kPoke, 64, kRecord | 20},
+                                        {kPeek, 2, 0},
+                                        {kRead, 100, 0},
+                                        {kPeek, 100, 0}}));
+  // Two records of the most bytes (the second ends 128 bytes short of the
+  // ring's end), then a wrap word there and a record at the lap's start.
+  const uint32_t second = (8 + most + 63) / 64 * 64;
+  out.write("wrap.bin", program({{kPoke, 0, kRecord | most},
+                                 {kPoke, second, kRecord | most},
+                                 {kPoke, 2 * second, kWrap},
+                                 {kRead, 69999, 0},
+                                 {kPeek, most, 0},
+                                 {kRead, 69999, 0},
+                                 {kPoke, 0, kRecord | 9},
+                                 {kPeek, 0, 0},
+                                 {kRead, 9, 0}}));
+  // The same, with a record that ends exactly at the ring's end instead.
+  out.write("record_at_the_end.bin", program({{kPoke, 0, kRecord | most},
+                                              {kPoke, second, kRecord | most},
+                                              {kPoke, 2 * second, kRecord | 120},
+                                              {kRead, 69999, 0},
+                                              {kPeek, most, 0},
+                                              {kRead, 69999, 0},
+                                              {kPeek, most, 0},
+                                              {kPeek, 0, 0}}));
+  out.write("write_against_a_head.bin",
+            program({{kWrite, 100, 0}, {kWrite, most, 0}, {kWrite, 5000, 100000}}));
+}
+
 }  // namespace
 }  // namespace rdmabuf::fuzz
 
@@ -369,5 +428,6 @@ int main(int argc, char** argv) {
   write_config(out);
   write_endpoint_frames(out);
   write_endpoint_handshakes(out);
+  write_shm_rings(out);
   return 0;
 }
