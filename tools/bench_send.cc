@@ -9,8 +9,10 @@
 // receive for the echo posted before the send), reported
 // as half the round trip (as tag_lat reports it): the median and p99 of at
 // least 1000 after a warm-up as long as ucx_perftest's (10000 round trips,
-// or a second at most), timed with one clock read per trip (as tag_lat
-// reads its clock once per iteration; a read costs about 50 ns here).
+// or a second at most), timed with one clock read per trip, as tag_lat
+// reads its clock once per iteration, and by the same clock where the CPU
+// has one that ticks at a constant rate (the time-stamp counter:
+// tools/trip_clock.h).
 // Bandwidth is messages sent back to back by one
 // thread that keeps --window of them posted (Endpoint::post_send, 16 by
 // default, as many as the peer keeps receives posted), as tag_bw keeps a
@@ -42,6 +44,7 @@
 #include "tools/commands.h"
 #include "tools/progress.h"
 #include "tools/subprocess.h"
+#include "tools/trip_clock.h"
 
 namespace rdmabuf::tool {
 namespace {
@@ -90,15 +93,18 @@ double micros_since(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 }
 
-// Half round trips of one `size`-byte message echoed by the peer, in us.
-Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int samples) {
+// Half round trips of one `size`-byte message echoed by the peer, in us,
+// timed by `clock` (one read a trip, as ucx_perftest's).
+Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int samples,
+                                      const TripClock& clock) {
   RDMABUF_ASSIGN_OR_RETURN(LocalMemory ping, LocalMemory::allocate(size));
   RDMABUF_ASSIGN_OR_RETURN(LocalMemory pong, LocalMemory::allocate(size));
   std::memset(ping.data(), 'E', size);  // 'E': echo it
   std::vector<double> half_trips;
   half_trips.reserve(static_cast<size_t>(samples));
-  auto start = Clock::now();  // of the next trip: where the last one ended
-  const auto warm_until = start + kMostWarmup;
+  auto start = clock.now();  // of the next trip: where the last one ended
+  const auto first = start;
+  const double most_warmup_us = std::chrono::duration<double, std::micro>(kMostWarmup).count();
   bool warm = false;
   for (int i = 0; static_cast<int>(half_trips.size()) < samples; ++i) {
     // The receive for the echo is posted first, so that its credit is at
@@ -110,10 +116,11 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
       return Internal("the echo came back with " + std::to_string(got) + " bytes, not " +
                       std::to_string(size));
     }
-    const auto end = Clock::now();
-    if (warm)
-      half_trips.push_back(std::chrono::duration<double, std::micro>(end - start).count() / 2);
-    if (!warm && (i + 1 >= kWarmupTrips || end >= warm_until)) warm = true;
+    const auto end = clock.now();
+    if (warm) half_trips.push_back(clock.micros(start, end) / 2);
+    if (!warm && (i + 1 >= kWarmupTrips || clock.micros(first, end) >= most_warmup_us)) {
+      warm = true;
+    }
     start = end;
   }
   return half_trips;
@@ -314,6 +321,7 @@ int cmd_bench_send(int argc, char** argv) {
   Endpoint& sink = **for_bandwidth;
 
   const std::string system = "rdmabuf " + backend;
+  const TripClock trip_clock;
   Progress progress(o.rounds * static_cast<int>(o.latency_sizes.size() + o.sizes.size()) *
                     (1 + static_cast<int>(running.size())));
   // A peer's figure at `size`: none when it failed (said on stderr; the
@@ -334,8 +342,9 @@ int cmd_bench_send(int argc, char** argv) {
   auto run_round = [&](std::vector<Figure>& out) -> Status {
     for (uint64_t size : o.latency_sizes) {
       progress.step("latency: " + format_bytes(size));
-      RDMABUF_ASSIGN_OR_RETURN(std::vector<double> trips,
-                               ping_pong(endpoint, size, std::max(1000, o.iters * 100)));
+      RDMABUF_ASSIGN_OR_RETURN(
+          std::vector<double> trips,
+          ping_pong(endpoint, size, std::max(1000, o.iters * 100), trip_clock));
       Figure f = Figure::of(system, "latency", "send", size);
       f.note = "frames: " + endpoint.channel();
       f.p50_us = percentile(trips, 50);

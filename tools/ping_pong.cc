@@ -20,10 +20,10 @@
 
 #include "rdmabuf/rdmabuf.h"
 #include "tools/bench_report.h"
+#include "tools/trip_clock.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr auto kTimeout = std::chrono::seconds(30);  // valgrind is slow
 
 constexpr long kWarmUp = 1000;
@@ -31,16 +31,17 @@ constexpr long kWarmUp = 1000;
 // `trips` round trips; each one's half in µs goes into `one_way_us`.
 rdmabuf::Status round_trips(rdmabuf::Endpoint& endpoint, const rdmabuf::LocalMemory& ping,
                             const rdmabuf::LocalMemory& pong, long trips,
+                            const rdmabuf::tool::TripClock& clock,
                             std::vector<double>& one_way_us) {
-  auto start = Clock::now();  // of the next trip: where the last one ended (one read a trip)
+  auto start = clock.now();  // of the next trip: where the last one ended (one read a trip)
   for (long i = 0; i < trips; ++i) {
     auto posted = endpoint.post_receive(pong);
     if (!posted.ok()) return posted.status().with_context("posting a receive");
     RDMABUF_RETURN_IF_ERROR(endpoint.send(ping, kTimeout));
     auto echoed = posted->wait(kTimeout);
     if (!echoed.ok()) return echoed.status().with_context("waiting for the echo");
-    const auto end = Clock::now();
-    one_way_us.push_back(std::chrono::duration<double, std::micro>(end - start).count() / 2);
+    const auto end = clock.now();
+    one_way_us.push_back(clock.micros(start, end) / 2);
     start = end;
   }
   return rdmabuf::Status::Ok();
@@ -51,8 +52,9 @@ rdmabuf::Status round_trips(rdmabuf::Endpoint& endpoint, const rdmabuf::LocalMem
 [[gnu::noinline]] rdmabuf::Status measured_round_trips(rdmabuf::Endpoint& endpoint,
                                                        const rdmabuf::LocalMemory& ping,
                                                        const rdmabuf::LocalMemory& pong, long trips,
+                                                       const rdmabuf::tool::TripClock& clock,
                                                        std::vector<double>& one_way_us) {
-  return round_trips(endpoint, ping, pong, trips, one_way_us);
+  return round_trips(endpoint, ping, pong, trips, clock, one_way_us);
 }
 
 int fail(const char* what, const rdmabuf::Status& status) {
@@ -86,12 +88,13 @@ int main(int argc, char** argv) {
 
   // Warm-up trips first (connection set-up, first touches, the peer's
   // first receives), outside the function whose instructions count.
+  const rdmabuf::tool::TripClock clock;
   std::vector<double> one_way_us;
-  rdmabuf::Status warm = round_trips(endpoint, *ping, *pong, kWarmUp, one_way_us);
+  rdmabuf::Status warm = round_trips(endpoint, *ping, *pong, kWarmUp, clock, one_way_us);
   if (!warm.ok()) return fail("warming up", warm);
   one_way_us.clear();
   one_way_us.reserve(static_cast<size_t>(trips));
-  rdmabuf::Status done = measured_round_trips(endpoint, *ping, *pong, trips, one_way_us);
+  rdmabuf::Status done = measured_round_trips(endpoint, *ping, *pong, trips, clock, one_way_us);
   if (!done.ok()) return fail("ping-pong", done);
   using rdmabuf::tool::percentile;  // nearest rank, as the bench reports
   const double mean_us =
