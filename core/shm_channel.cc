@@ -21,6 +21,8 @@ namespace {
 // "REPCHN2": rings of records (REPCHN1's were bare bytes and a tail; a
 // peer of that version and this one each refuse the other's file).
 constexpr uint64_t kChannelMagic = 0x324e4843504552ULL;
+// The magic's "REPCHN", which every version's shares.
+constexpr uint64_t kMagicFamilyMask = 0xffffffffffffULL;
 
 }  // namespace
 
@@ -165,8 +167,11 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {
   }
   std::unique_ptr<ShmChannel> channel(new ShmChannel(std::move(fd), base, offer.nonce, 1));
   Layout& l = channel->layout();
-  if (shared(l.magic).load(std::memory_order_acquire) != kChannelMagic || l.nonce != offer.nonce ||
-      l.ring_bytes != kRingBytes) {
+  const uint64_t magic = shared(l.magic).load(std::memory_order_acquire);
+  if (magic != kChannelMagic && (magic & kMagicFamilyMask) == (kChannelMagic & kMagicFamilyMask)) {
+    return FailedPrecondition(path + " is an endpoint's shared rings of another version");
+  }
+  if (magic != kChannelMagic || l.nonce != offer.nonce || l.ring_bytes != kRingBytes) {
     return FailedPrecondition(path + " is not the shared rings the peer offered");
   }
   channel->announce_reader_fences();
