@@ -187,7 +187,7 @@ Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
     return InvalidArgument("frames of " + std::to_string(size) + " bytes do not fit the ring");
   }
   if (size == 0) return true;
-  const size_t record = (sizeof(uint64_t) + size + kRecordAlign - 1) & ~(kRecordAlign - 1);
+  const size_t record = record_aligned(sizeof(uint64_t) + size);
   const size_t at = out_tail_ & (kRingBytes - 1);
   // Past the ring's end: a wrap mark here, the record at the next lap's start.
   const size_t skipped = at + record > kRingBytes ? kRingBytes - at : 0;
@@ -209,8 +209,7 @@ Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
     publish(start, header, record);
   } else {
     // The record first, then the mark that leads the reader to it.
-    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(out_data_))
-        .store(header, std::memory_order_release);
+    shared(outgoing_word(start)).store(header, std::memory_order_release);
     publish(start - skipped, kWrapMark << 32, 0);
   }
   return true;
@@ -233,29 +232,28 @@ Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
 }
 
 [[gnu::always_inline]] inline void ShmChannel::zero_word(uint64_t at) {
-  auto* word = reinterpret_cast<uint64_t*>(out_data_ + (at & (kRingBytes - 1)));
-  shared(*word).store(0, std::memory_order_relaxed);
+  shared(outgoing_word(at)).store(0, std::memory_order_relaxed);
 }
 
 [[gnu::always_inline]] inline void ShmChannel::publish(uint64_t at, uint64_t word,
                                                        size_t record_bytes) {
-  auto* header = reinterpret_cast<uint64_t*>(out_data_ + (at & (kRingBytes - 1)));
+  uint64_t& header = outgoing_word(at);
   // A reader that asked for a doorbell before this store is seen by
   // doorbell_requested()'s load; one that asks after sees the record.
   // Either this store is seq_cst, or the reader's membarrier fences this
   // thread (the header says why); then only the compiler must keep the
   // order.
   if (writes_without_fence()) {
-    shared(*header).store(word, std::memory_order_release);
+    shared(header).store(word, std::memory_order_release);
     std::atomic_signal_fence(std::memory_order_seq_cst);
   } else {
-    shared(*header).store(word, std::memory_order_seq_cst);
+    shared(header).store(word, std::memory_order_seq_cst);
   }
   // Small records only: the hint costs the writer about 5 ns a line, and a
   // reader busy copying larger ones out gained nothing from it.
   if (demotes_ && record_bytes <= kDemoteMost) {
     for (size_t line = 0; line < record_bytes; line += kLineBytes)
-      demote_line(reinterpret_cast<uint8_t*>(header) + line);
+      demote_line(reinterpret_cast<uint8_t*>(&header) + line);
   }
 }
 

@@ -120,8 +120,8 @@ class ShmChannel {
   //
   // The request and the write race (a reader stores its request, then
   // loads the next header; a writer stores that header, then loads the
-  // request), so
-  // one of the two needs a full fence between its store and its load. The
+  // request), so one of the two needs a full fence between its store and
+  // its load. The
   // writer writes on every message and the reader asks only before it
   // sleeps, so where the kernel offers membarrier(2)'s
   // MEMBARRIER_CMD_GLOBAL_EXPEDITED, the reader pays for both: it makes
@@ -200,8 +200,10 @@ class ShmChannel {
   uint64_t next_record_word(std::memory_order order) const {
     return incoming_word(in_record_end_aligned(), order);
   }
-  uint64_t in_record_end_aligned() const {
-    return (in_record_end_ + kRecordAlign - 1) & ~uint64_t{kRecordAlign - 1};
+  uint64_t in_record_end_aligned() const { return record_aligned(in_record_end_); }
+  // `position` rounded up to where a record may start.
+  static uint64_t record_aligned(uint64_t position) {
+    return (position + kRecordAlign - 1) & ~uint64_t{kRecordAlign - 1};
   }
   // Whether `word`, found at position `at`, is the header of a record that
   // lies within the ring (the bytes of a peer that writes as this side).
@@ -222,6 +224,11 @@ class ShmChannel {
   // The outgoing ring's free bytes, loading the reader's head only when
   // fewer than `wanted` were free when last loaded.
   Result<size_t> room_for(size_t wanted);
+  // The word of the outgoing ring at position `at` (a record's start, or
+  // the word after one), for atomic stores: incoming_word()'s twin.
+  uint64_t& outgoing_word(uint64_t at) const {
+    return *reinterpret_cast<uint64_t*>(out_data_ + (at & (kRingBytes - 1)));
+  }
   // Copies `piece` into the outgoing ring at offset `at` (room checked).
   void copy_in(std::span<const uint8_t> piece, size_t at);
   // Stores the header word `word` at position `at` of the outgoing ring,
