@@ -45,7 +45,6 @@
 #include <span>
 #include <thread>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "common/copy.h"
@@ -777,15 +776,22 @@ class EndpointImpl {
   // a write that finished. Each step is claimed under mu_, so any number of
   // threads may do so at once.
 
+  // What post_send() set its `id` to when it did not queue the message.
+  static constexpr uint64_t kRefused = 0;              // the endpoint is broken: nothing posted
+  static constexpr uint64_t kAnswered = ~uint64_t{0};  // its outcome was known at once
+
   // Posts `message` (see Endpoint::post_send). `write_timeout` bounds its
-  // one-sided write. Its outcome when known at once (a free credit, and one
-  // frame answers it), else the id of its record for wait_send().
-  Result<std::variant<Status, uint64_t>> post_send(const LocalMemory& message,
-                                                   std::chrono::milliseconds write_timeout) {
-    uint64_t id;
+  // one-sided write. With `id` kAnswered, the outcome (a free credit, and
+  // one frame answered it); with kRefused, why nothing was posted; else
+  // OK, and `id` is the number of its record for wait_send(). (No Result
+  // of a variant to build, test and take apart on every message's path.)
+  Status post_send(const LocalMemory& message, std::chrono::milliseconds write_timeout,
+                   uint64_t& id) {
+    id = kRefused;
     {
       FutexLock lock(mu_);
       RDMABUF_RETURN_IF_ERROR(broken_);
+      id = kAnswered;
       if (queued_sends_.empty() && !credits_.empty() && answered_by_frames(message)) {
         Credit credit = credits_.take_front();
         if (ring_ && message.size() <= std::min(kInlineLimit, credit.capacity)) {
@@ -801,12 +807,11 @@ class EndpointImpl {
           if (!wrote.ok() || *wrote) {
             lock.unlock();
             if (doorbell) ring_doorbell();
-            return std::variant<Status, uint64_t>(wrote.ok() ? Status::Ok()
-                                                             : broke_while_sending(wrote.status()));
+            return wrote.ok() ? Status::Ok() : broke_while_sending(wrote.status());
           }
         }
         lock.unlock();
-        return std::variant<Status, uint64_t>(send_in_frames(credit, message));
+        return send_in_frames(credit, message);
       }
       id = next_send_++;
       Outgoing& out = sends_.add(id);
@@ -815,7 +820,7 @@ class EndpointImpl {
       queued_sends_.push_back(id);
     }
     progress_sends();
-    return std::variant<Status, uint64_t>(id);
+    return Status::Ok();
   }
 
   // Waits for posted send `id`; at the deadline, cancels it.
@@ -852,13 +857,20 @@ class EndpointImpl {
     // A receive that only inline messages fit needs no registration; a
     // larger one registers now only while the messages lately were too
     // large for a frame (else when the sender asks: kHandleWanted).
-    RemoteBuffer handle;
-    if (into.size() > kInlineLimit && register_when_posted_.load(std::memory_order_relaxed)) {
+    if (into.size() > kInlineLimit && register_when_posted_.load(std::memory_order_relaxed))
+        [[unlikely]] {
       RDMABUF_RETURN_IF_ERROR(usable());
-      RDMABUF_ASSIGN_OR_RETURN(handle, manager_.register_buffer(into));
+      RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer handle, manager_.register_buffer(into));
+      const std::vector<uint8_t> handle_bytes = handle.to_bytes();
+      return post_receive(into, std::move(handle), handle_bytes);
     }
-    std::vector<uint8_t> handle_bytes;
-    if (handle.valid()) handle_bytes = handle.to_bytes();
+    return post_receive(into, RemoteBuffer(), {});
+  }
+
+  // post_receive() of `into`, with its `handle` (and the handle's bytes)
+  // when it was registered, else an empty one.
+  [[gnu::always_inline]] Result<uint64_t> post_receive(const LocalMemory& into, RemoteBuffer handle,
+                                                       std::span<const uint8_t> handle_bytes) {
     uint64_t seq;
     bool full = false;
     {
@@ -2104,6 +2116,8 @@ class EndpointImpl {
   // true then (more may be there), else false.
   Result<bool> take_frames_in_place(bool& progressed, FutexLock& lock, Take take) {
     constexpr size_t kMostFields = 2 * sizeof(uint64_t);
+    // A credit without a handle (kPosted: seq, capacity, a handle length of 0).
+    constexpr size_t kBareCredit = kMostFields + sizeof(uint16_t);
     uint8_t copy[kHeaderSize + kSmallFrame];
     while (true) {
       RDMABUF_ASSIGN_OR_RETURN(std::span<const uint8_t> ring, ring_.peek());
@@ -2143,6 +2157,21 @@ class EndpointImpl {
         }
       } else {
         if (size > kSmallFrame) return false;
+        if (type == Frame::kPosted && size == kBareCredit) {
+          // Taken from the copy of its head: a receive's credit, on every
+          // message's path, with no copy of its own and no parse.
+          Credit credit;
+          credit.seq = r.get<uint64_t>();
+          credit.capacity = r.get<uint64_t>();
+          uint16_t handle_size;  // read once, so as good as a copy
+          std::memcpy(&handle_size, ring.data() + kHeaderSize + kMostFields, sizeof handle_size);
+          if (handle_size != 0) return ProtocolError("malformed endpoint credit");
+          if (!lock.owns_lock()) lock.lock();
+          credits_.push_back(std::move(credit));
+          ring_.consume(kHeaderSize + size);
+          progressed = true;
+          continue;
+        }
         std::memcpy(copy, ring.data(), kHeaderSize + size);
         const std::span<const uint8_t> payload(copy + kHeaderSize, size);
         if (type == Frame::kPosted) {
@@ -2387,8 +2416,7 @@ class EndpointImpl {
       {
         std::lock_guard lock(mu_);
         if (notes_.empty()) return true;
-        n = std::move(notes_.front());
-        notes_.pop_front();
+        n = notes_.take_front();
       }
       cv_.notify_all();  // reading may go on, if it had stopped
       if (!manager_.notifications().push(n, [this] { return stopping(); })) return false;
@@ -2756,14 +2784,16 @@ class EndpointImpl {
   // deep it is in writing them (see read_while_blocked).
   std::vector<uint8_t> held_replies_;
   int reply_depth_ = 0;
-  std::deque<Notification> notes_;     // for the endpoint's thread to deliver
+  // For the endpoint's thread to deliver. (Its size, looked at in every
+  // wait, is a field: a deque's is a computation over its blocks.)
+  RingQueue<Notification> notes_;
   RingQueue<Credit> credits_;          // the peer's receives, not yet taken
   std::map<uint64_t, bool> in_send_;   // taken credits: withdrawn meanwhile?
   NumberedSlots<Outgoing> sends_;      // posted sends by id, until their wait ends
   std::deque<uint64_t> queued_sends_;  // posted sends waiting for a credit, oldest first
   std::deque<uint64_t> send_events_;   // sends whose handle came or whose write finished
-  uint64_t next_send_ = 0;
-  NumberedSlots<Receive> waiting_;  // our posted receives, by sequence number
+  uint64_t next_send_ = 1;             // neither kRefused nor kAnswered, for ever
+  NumberedSlots<Receive> waiting_;     // our posted receives, by sequence number
   uint64_t next_seq_ = 0;
   std::map<uint64_t, Reply> replies_;  // our requests waiting for an answer
   uint64_t next_request_ = 0;
@@ -2817,16 +2847,18 @@ Endpoint::~Endpoint() {
 }
 
 Status Endpoint::send(const LocalMemory& message, std::chrono::milliseconds timeout) {
-  RDMABUF_ASSIGN_OR_RETURN(auto posted, impl_->post_send(message, timeout));
-  if (const Status* done = std::get_if<Status>(&posted)) return *done;
-  return impl_->wait_send(std::get<uint64_t>(posted), timeout);
+  uint64_t id;
+  Status posted = impl_->post_send(message, timeout, id);
+  if (id == EndpointImpl::kRefused || id == EndpointImpl::kAnswered) return posted;
+  return impl_->wait_send(id, timeout);
 }
 
 Result<PendingSend> Endpoint::post_send(const LocalMemory& message) {
-  RDMABUF_ASSIGN_OR_RETURN(auto posted,
-                           impl_->post_send(message, impl_->manager().config().default_timeout));
-  if (Status* done = std::get_if<Status>(&posted)) return PendingSend(std::move(*done));
-  return PendingSend(impl_, std::get<uint64_t>(posted));
+  uint64_t id;
+  Status posted = impl_->post_send(message, impl_->manager().config().default_timeout, id);
+  if (id == EndpointImpl::kRefused) return posted;
+  if (id == EndpointImpl::kAnswered) return PendingSend(std::move(posted));
+  return PendingSend(impl_, id);
 }
 
 Result<uint64_t> Endpoint::receive(const LocalMemory& into, std::chrono::milliseconds timeout) {

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <future>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "common/socket.h"
 #include "tests/helpers/raw_endpoint.h"
@@ -159,36 +161,93 @@ int find_endpoint_rings() {
 // A peer that scribbles over the shared rings (here: a record header with
 // a mark that no writer stores, where its next record would go) is cut off
 // with kProtocolError; nothing is read out of bounds.
+// The rings of the endpoint in this process, mapped anew, as a peer that
+// shares them may write them (the layout of docs/wire-format.md: a page
+// holding magic, nonce, ring size and the ring controls, then ring 0,
+// written by the connecting side, then ring 1).
+class ForgedRings {
+ public:
+  static constexpr size_t kPage = 4096;
+  static constexpr size_t kRing = 2048u << 10;
+
+  // Maps the rings of the one endpoint this process has (mapped() says
+  // whether it found them).
+  ForgedRings() {
+    const int fd = find_endpoint_rings();
+    if (fd < 0) return;
+    base_ = ::mmap(nullptr, kPage + 2 * kRing, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  ~ForgedRings() {
+    if (base_ != MAP_FAILED) ::munmap(base_, kPage + 2 * kRing);
+  }
+  bool mapped() const { return base_ != MAP_FAILED; }
+  uint64_t ring_size() const { return static_cast<const uint64_t*>(base_)[2]; }
+
+  // Where the connecting side (the peer, idle now) writes its next record
+  // in ring 0, after its records so far (the handshake's frames, if any):
+  // each a header word (length, mark "REC1"), its bytes, and the next on
+  // the next 64-byte line. The word there is zero.
+  size_t next_record() {
+    size_t at = 0;
+    for (uint64_t word; (word = header(at).load()) != 0;) {
+      EXPECT_EQ(word >> 32, 0x52454331u) << "a record's header at " << at;
+      at = (at + 8 + (word & 0xffffffff) + 63) & ~size_t{63};
+      if (at >= kRing) {
+        ADD_FAILURE() << "no end of the records in ring 0";
+        return 0;
+      }
+    }
+    return at;
+  }
+  // A record of `bytes` at `at`, the bytes first, then its header.
+  void write_record(size_t at, std::span<const uint8_t> bytes) {
+    std::memcpy(ring0() + at + 8, bytes.data(), bytes.size());
+    header(at).store(uint64_t{0x52454331} << 32 | bytes.size());
+  }
+  std::atomic_ref<uint64_t> header(size_t at) {
+    return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(ring0() + at));
+  }
+
+ private:
+  uint8_t* ring0() { return static_cast<uint8_t*>(base_) + kPage; }
+  void* base_ = MAP_FAILED;
+};
+
 TEST_P(EndpointTest, PeerThatCorruptsTheSharedRingsIsCutOff) {
   if (GetParam() != "shm") GTEST_SKIP() << "frames travel through TCP: there are no rings";
   CONNECT_OR_SKIP();
-  const int fd = find_endpoint_rings();
-  ASSERT_GE(fd, 0) << "no memfd:rdmabuf-endpoint among this process's descriptors";
-  // The layout of docs/wire-format.md: a page holding magic, nonce, ring
-  // size and the ring controls, then ring 0 (written by the connecting
-  // side, the peer), then ring 1.
-  constexpr size_t kPage = 4096;
-  constexpr size_t kRing = 2048u << 10;
-  void* base = ::mmap(nullptr, kPage + 2 * kRing, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ASSERT_NE(base, MAP_FAILED);
-  auto* words = static_cast<uint64_t*>(base);
-  ASSERT_EQ(words[2], kRing) << "ring size where the layout says";
-  // Ring 0's records so far (the peer's handshake frames, if any): each a
-  // header word (length, mark "REC1"), its bytes, and the next on the next
-  // 64-byte line. The peer is idle: the word past the last is zero.
-  uint8_t* ring = static_cast<uint8_t*>(base) + kPage;
-  size_t at = 0;
-  for (uint64_t word;
-       (word = std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(ring + at)).load()) != 0;) {
-    ASSERT_EQ(word >> 32, 0x52454331u) << "a record's header at " << at;
-    at = (at + 8 + (word & 0xffffffff) + 63) & ~size_t{63};
-    ASSERT_LT(at, kRing);
-  }
-  std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(ring + at))
-      .store(uint64_t{0x0badbeef} << 32 | 5);
+  ForgedRings rings;
+  ASSERT_TRUE(rings.mapped()) << "no memfd:rdmabuf-endpoint among this process's descriptors";
+  ASSERT_EQ(rings.ring_size(), ForgedRings::kRing) << "ring size where the layout says";
+  rings.header(rings.next_record()).store(uint64_t{0x0badbeef} << 32 | 5);
   auto received = endpoint->receive(allocate(4096), kTimeout);
   EXPECT_EQ(received.status().code(), StatusCode::kProtocolError) << received.status().to_string();
-  ::munmap(base, kPage + 2 * kRing);
+}
+
+// A receive's credit (kPosted: seq, capacity, a u16 handle length, the
+// handle) is taken from the ring where it lies when it has no handle; one
+// whose length says a handle follows that the frame does not hold is
+// malformed all the same.
+TEST_P(EndpointTest, PeerWhoseCreditClaimsAHandleItDoesNotCarryIsCutOff) {
+  if (GetParam() != "shm") GTEST_SKIP() << "frames travel through TCP: there are no rings";
+  CONNECT_OR_SKIP();
+  ForgedRings rings;
+  ASSERT_TRUE(rings.mapped()) << "no memfd:rdmabuf-endpoint among this process's descriptors";
+  std::vector<uint8_t> credit;
+  auto put = [&credit](auto value) {  // little-endian, as the wire
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&value);
+    credit.insert(credit.end(), bytes, bytes + sizeof value);
+  };
+  put(uint32_t{18});  // the frame's header: payload size, then type kPosted (2)
+  put(uint8_t{2});
+  put(uint64_t{0});     // seq
+  put(uint64_t{4096});  // capacity
+  put(uint16_t{5});     // a handle of 5 bytes, which the frame's size leaves no room for
+  rings.write_record(rings.next_record(), credit);
+  auto received = endpoint->receive(allocate(4096), kTimeout);
+  EXPECT_EQ(received.status().code(), StatusCode::kProtocolError) << received.status().to_string();
+  EXPECT_NE(received.status().message().find("credit"), std::string::npos)
+      << received.status().to_string();
 }
 
 INSTANTIATE_TEST_SUITE_P(Channels, EndpointTest, ::testing::Values("tcp", "shm"),
