@@ -243,6 +243,17 @@ inline void write_header(uint8_t* at, FrameHeader header) {
   at[sizeof header.size] = static_cast<uint8_t>(header.type);
 }
 
+// The head of a kSentInline frame: its header and the receive's seq, which
+// the message's `size` bytes follow. Built in place, with no FrameBuilder:
+// every small message has one.
+using InlineHead = std::array<uint8_t, kHeaderSize + sizeof(uint64_t)>;
+inline InlineHead inline_head(uint64_t seq, uint64_t size) {
+  InlineHead head;
+  write_header(head.data(), {static_cast<uint32_t>(sizeof seq + size), Frame::kSentInline});
+  std::memcpy(head.data() + kHeaderSize, &seq, sizeof seq);  // little-endian, as the host
+  return head;
+}
+
 // Builds a frame: the header, then fields appended with the writer.
 class FrameBuilder {
  public:
@@ -797,11 +808,9 @@ class EndpointImpl {
         if (ring_ && message.size() <= std::min(kInlineLimit, credit.capacity)) {
           // Into the ring under this hold of mu_ (the ring's frames lock),
           // when it has room now: a small send takes one lock.
-          FrameBuilder inline_message(Frame::kSentInline);
-          inline_message.u64(credit.seq);
-          const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(message.data()),
-                                               message.size());
-          const std::span<const uint8_t> pieces[] = {inline_message.done(bytes.size()), bytes};
+          const InlineHead head = inline_head(credit.seq, message.size());
+          const std::span<const uint8_t> pieces[] = {
+              head, {reinterpret_cast<const uint8_t*>(message.data()), message.size()}};
           bool doorbell = false;
           Result<bool> wrote = try_write_to_ring(pieces, doorbell);
           if (!wrote.ok() || *wrote) {
@@ -1106,9 +1115,9 @@ class EndpointImpl {
     }
     const auto* bytes = reinterpret_cast<const uint8_t*>(message.data());
     if (size <= kInlineLimit) {
-      FrameBuilder inline_message(Frame::kSentInline);
-      inline_message.u64(credit.seq);
-      return write_frame(inline_message, {bytes, size});
+      const InlineHead head = inline_head(credit.seq, size);
+      const std::span<const uint8_t> pieces[] = {head, {bytes, size}};
+      return write_pieces(pieces);
     }
     const int parts_per_write = ring_ ? kRingPartsPerWrite : kPartsPerWrite;
     std::vector<uint8_t> heads;  // each part's header and fields, back to back
@@ -1188,8 +1197,7 @@ class EndpointImpl {
   // the oldest credit's receive: progress_sends() answers it).
   bool send_queued_inline(FutexLock& lock) {
     constexpr size_t kMostGathered = 16;
-    constexpr size_t kInlineHead = kHeaderSize + sizeof(uint64_t);  // and the seq
-    std::array<std::array<uint8_t, kInlineHead>, kMostGathered> heads;
+    std::array<InlineHead, kMostGathered> heads;
     std::array<std::span<const uint8_t>, 2 * kMostGathered> pieces;
     std::array<Outgoing*, kMostGathered> gathered;
     size_t count = 0;
@@ -1200,9 +1208,7 @@ class EndpointImpl {
       queued_sends_.pop_front();
       out.credit = credits_.take_front();
       out.stage = Stage::kBusy;
-      FrameBuilder head(Frame::kSentInline);
-      head.u64(out.credit.seq);
-      std::memcpy(heads[count].data(), head.done(size).data(), kInlineHead);
+      heads[count] = inline_head(out.credit.seq, size);
       pieces[2 * count] = heads[count];
       pieces[2 * count + 1] = {reinterpret_cast<const uint8_t*>(out.message.data()), size};
       gathered[count++] = &out;
@@ -2253,7 +2259,8 @@ class EndpointImpl {
 
   // The answer of `type` (kSent, kTooLarge, kNotTaken, kSentInline with
   // `data`) for receive `seq`; `size`: the message's. mu_ held.
-  Status answer_receive(Frame type, uint64_t seq, uint64_t size, std::span<const uint8_t> data) {
+  [[gnu::always_inline]] Status answer_receive(Frame type, uint64_t seq, uint64_t size,
+                                               std::span<const uint8_t> data) {
     Receive* answered = waiting_.find(seq);
     if (answered == nullptr || answered->answered) {
       return ProtocolError("endpoint answer for receive " + std::to_string(seq) +
