@@ -2163,32 +2163,29 @@ class EndpointImpl {
         }
       } else {
         if (size > kSmallFrame) return false;
-        if (type == Frame::kPosted && size == kBareCredit) {
-          // Taken from the copy of its head: a receive's credit, on every
-          // message's path, with no copy of its own and no parse.
-          Credit credit;
-          credit.seq = r.get<uint64_t>();
-          credit.capacity = r.get<uint64_t>();
-          uint16_t handle_size;  // read once, so as good as a copy
-          std::memcpy(&handle_size, ring.data() + kHeaderSize + kMostFields, sizeof handle_size);
-          if (handle_size != 0) return ProtocolError("malformed endpoint credit");
-          if (!lock.owns_lock()) lock.lock();
-          credits_.push_back(std::move(credit));
-          ring_.consume(kHeaderSize + size);
-          progressed = true;
-          continue;
-        }
-        std::memcpy(copy, ring.data(), kHeaderSize + size);
-        const std::span<const uint8_t> payload(copy + kHeaderSize, size);
         if (type == Frame::kPosted) {
           Credit credit;
-          RDMABUF_RETURN_IF_ERROR(parse_credit(payload, credit));
+          if (size == kBareCredit) {
+            // A receive's credit, on every message's path: taken from the
+            // copy of its head, with no copy of its own and no parse.
+            credit.seq = r.get<uint64_t>();
+            credit.capacity = r.get<uint64_t>();
+            uint16_t handle_size;  // read once, so as good as a copy
+            std::memcpy(&handle_size, ring.data() + kHeaderSize + kMostFields, sizeof handle_size);
+            if (handle_size != 0) return ProtocolError("malformed endpoint credit");
+          } else {
+            std::memcpy(copy, ring.data(), kHeaderSize + size);
+            RDMABUF_RETURN_IF_ERROR(
+                parse_credit(std::span<const uint8_t>(copy + kHeaderSize, size), credit));
+          }
           if (!lock.owns_lock()) lock.lock();
           credits_.push_back(std::move(credit));
         } else {
+          std::memcpy(copy, ring.data(), kHeaderSize + size);
           if (lock.owns_lock()) lock.unlock();
           if (type == Frame::kNotify && notes_full()) return false;  // pump() waits
-          RDMABUF_RETURN_IF_ERROR(dispatch(type, payload));
+          RDMABUF_RETURN_IF_ERROR(
+              dispatch(type, std::span<const uint8_t>(copy + kHeaderSize, size)));
         }
       }
       ring_.consume(kHeaderSize + size);

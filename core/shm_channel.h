@@ -121,9 +121,8 @@ class ShmChannel {
   // The request and the write race (a reader stores its request, then
   // loads the next header; a writer stores that header, then loads the
   // request), so one of the two needs a full fence between its store and
-  // its load. The
-  // writer writes on every message and the reader asks only before it
-  // sleeps, so where the kernel offers membarrier(2)'s
+  // its load. The writer writes on every message and the reader asks only
+  // before it sleeps, so where the kernel offers membarrier(2)'s
   // MEMBARRIER_CMD_GLOBAL_EXPEDITED, the reader pays for both: it makes
   // every running thread of the writer's process pass a fence, and the
   // writer publishes with a plain store (a locked instruction less per
