@@ -27,14 +27,14 @@ struct TransferState::OpState {
   std::string note;
 };
 
-TransferState::TransferState(std::vector<Op> ops, Deadline deadline,
+TransferState::TransferState(std::vector<Op> ops, std::chrono::milliseconds timeout,
                              std::chrono::microseconds busy_poll)
     : ops_(std::move(ops)),
       op_count_(ops_.size()),
       states_(new OpState[ops_.size()]),
-      deadline_(deadline),
+      deadline_(deadline_after(timeout)),
       busy_poll_(busy_poll),
-      started_(Clock::now()),
+      timeout_(timeout),
       ops_left_(ops_.size()) {
   if (op_count_ == 0) finished_.store(1);
 }
@@ -156,10 +156,8 @@ void TransferState::await_on_finish() const {
 bool TransferState::enforce_deadline() {
   if (finished()) return true;
   if (Clock::now() < deadline_) return false;
-  // Rounded: the caller computed the deadline a moment before started_.
-  auto ms = std::chrono::round<std::chrono::milliseconds>(deadline_ - started_).count();
   cancel(StatusCode::kDeadlineExceeded,
-         "did not finish within the timeout of " + std::to_string(ms) + " ms");
+         "did not finish within the timeout of " + std::to_string(timeout_.count()) + " ms");
   return true;
 }
 

@@ -384,8 +384,7 @@ void ManagerImpl::log_note_once(const RemoteBuffer& remote, std::string_view bac
 Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
                              std::function<void()> on_done) {
   // Saturating: a huge timeout means no deadline, not an overflow.
-  auto state =
-      std::make_shared<TransferState>(std::move(ops), deadline_after(timeout), config_.busy_poll);
+  auto state = std::make_shared<TransferState>(std::move(ops), timeout, config_.busy_poll);
   if (on_done) {
     // Watch the deadline, and stop watching once finished. The watcher
     // holds the transfer weakly: dropping every Transfer handle still

@@ -370,7 +370,7 @@ ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replie
       ops.push_back(Op::read(*remote, local));
     }
   }
-  auto transfer = std::make_shared<TransferState>(ops, Clock::now() + kHang, 0us);
+  auto transfer = std::make_shared<TransferState>(ops, kHang, 0us);
   auto finished = make_eventfd();
   RDMABUF_FUZZ_CHECK(finished.ok());
   transfer->set_on_finish([fd = finished->get()] { signal_eventfd(fd); });

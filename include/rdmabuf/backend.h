@@ -51,8 +51,11 @@ struct BackendInfo {
 
 class TransferState {
  public:
-  // `busy_poll`: how long wait_until spins before it sleeps.
-  TransferState(std::vector<Op> ops, Deadline deadline, std::chrono::microseconds busy_poll);
+  // The deadline is `timeout` from now (saturating, see deadline_after);
+  // DeadlineExceeded names `timeout` as given. `busy_poll`: how long
+  // wait_until spins before it sleeps.
+  TransferState(std::vector<Op> ops, std::chrono::milliseconds timeout,
+                std::chrono::microseconds busy_poll);
   TransferState(const TransferState&) = delete;
   TransferState& operator=(const TransferState&) = delete;
   ~TransferState();
@@ -146,7 +149,7 @@ class TransferState {
   std::unique_ptr<OpState[]> states_;
   Deadline deadline_;
   std::chrono::microseconds busy_poll_;
-  Clock::time_point started_;
+  std::chrono::milliseconds timeout_;
   std::atomic<size_t> ops_left_{0};
   // kCancelledBit | number of backends inside a touch bracket.
   std::atomic<uint32_t> guard_{0};

@@ -528,8 +528,10 @@ TEST_F(TcpProtocolTest, HalfAFrameThenClose) {
 TEST_F(TcpProtocolTest, HalfAFrameThenStallIsDroppedAfterTheStallTimeout) {
   auto c = data_connection();
   auto frame = bytes_of(request(RequestKind::kRead, 1, handle_, 0, 16));
-  ASSERT_TRUE(c->send_all(frame.data(), 20));
+  // Timed from before the send: the owner's stall clock cannot start
+  // earlier, however late this thread runs again after sending.
   auto start = Clock::now();
+  ASSERT_TRUE(c->send_all(frame.data(), 20));
   EXPECT_TRUE(c->closed_within(kStall + 5s));
   auto took = Clock::now() - start;
   EXPECT_GE(took, kStall - 50ms) << "dropped before the stall timeout";
