@@ -383,7 +383,8 @@ void ManagerImpl::log_note_once(const RemoteBuffer& remote, std::string_view bac
 
 Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
                              std::function<void()> on_done) {
-  // Saturating: a huge timeout means no deadline, not an overflow.
+  // The state fixes its deadline `timeout` from now, saturating: a huge
+  // timeout means no deadline, not an overflow.
   auto state = std::make_shared<TransferState>(std::move(ops), timeout, config_.busy_poll);
   if (on_done) {
     // Watch the deadline, and stop watching once finished. The watcher
