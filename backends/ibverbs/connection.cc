@@ -33,6 +33,9 @@ constexpr auto kDrainLimit = std::chrono::seconds(5);
 // owner's explanation.
 constexpr auto kAnswerLimit = std::chrono::seconds(10);
 constexpr auto kExplainLimit = std::chrono::seconds(2);
+// How long the oldest posted request may go without completing before the
+// owner is asked whether its buffer is still there (check_stalled()).
+constexpr auto kStallLimit = std::chrono::seconds(1);
 
 void sleep_for(std::chrono::nanoseconds d) {
   timespec ts{0, static_cast<long>(d.count())};
@@ -160,6 +163,7 @@ void Connection::sleep_idle() {
     pollfd fd{control_.get(), POLLIN, 0};
     timespec brief{0, 200'000};
     if (::ppoll(&fd, 1, &brief, nullptr) > 0) read_answers();
+    if (qp_ && !posted_.empty()) check_stalled();  // (read_answers may have reset the pair)
     return;
   }
   // Nothing in flight: sleep until new work, shutdown, or the owner closing
@@ -518,6 +522,43 @@ Status Connection::explain(ibv_wc_status status, const Chunk& chunk) {
   }
 }
 
+void Connection::check_stalled() {
+  const Posted& oldest = posted_.front();
+  const Clock::time_point now = Clock::now();
+  if (oldest.wr_id != watched_wr_) {
+    watched_wr_ = oldest.wr_id;
+    watched_since_ = now;
+    stall_asked_ = false;
+    return;
+  }
+  if (now - watched_since_ < kStallLimit) return;
+  const RemoteBuffer& remote = oldest.chunk.transfer->op(oldest.chunk.op).remote;
+  if (!stall_asked_) {
+    // The owner's earlier answer is forgotten: the next one is about now.
+    // (New chunks for this buffer wait for it, as for a first use.)
+    validated_.erase(remote.id());
+    Status asked = ask(remote);
+    if (!asked.ok()) {
+      reset(0, Unavailable("cannot ask the owner about buffer " + std::to_string(remote.id()) +
+                           ": " + asked.message()));
+      return;
+    }
+    stall_asked_ = true;
+    return;
+  }
+  const Status* answer = answer_about(remote);
+  if (answer == nullptr) return;  // not yet (read_answers() gives it kAnswerLimit)
+  if (answer->code() == StatusCode::kNotFound) {
+    Status gone = NotFound("the owner released this buffer while the op was in flight");
+    validated_[remote.id()].answer = gone;  // later ops fail without a question
+    reset(oldest.wr_id, gone);
+    return;
+  }
+  // Still there: a slow request, not a stuck one. Watched afresh.
+  watched_since_ = now;
+  stall_asked_ = false;
+}
+
 bool Connection::cancel_if_needed() {
   for (const auto& [t, n] : touching_) {
     if (t->cancelled()) {
@@ -572,6 +613,8 @@ void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
   control_.reset();
   asked_.clear();
   answer_have_ = 0;
+  watched_wr_ = 0;
+  stall_asked_ = false;
   // Complete what was posted: the failed op with the cause, cancelled
   // transfers as cancelled; the others go again, in order, on a new pair:
   // always after a request that failed for a reason of its own or another

@@ -112,6 +112,18 @@ class Connection {
   bool poll();
   bool cancel_if_needed();
   void sleep_idle();
+  // Called while requests are in flight and none completed lately (from
+  // sleep_idle()). A NIC refuses an access to a buffer its owner
+  // deregistered at once (poll(), explain(): NotFound), but Soft-RoCE's
+  // responder (Linux 6.1) may leave an RDMA READ whose buffer went away
+  // mid-read neither answered nor refused, and its requester waits for
+  // the rest of the response for ever: the op would run to its deadline.
+  // So when the oldest posted request has not completed for kStallLimit,
+  // the owner is asked about its buffer. Released: the request's op fails
+  // with NotFound, and the queue pair is reset (drained first, so no DMA
+  // touches local memory after). Still there: the request is slow, not
+  // stuck, and is watched afresh.
+  void check_stalled();
   // Error, drain, destroy; completes or requeues every posted chunk. The
   // work request `failed` (or 0 for none), whose completion said
   // `failed_wc`, failed with `cause`, and so does the rest of its op; the
@@ -179,6 +191,12 @@ class Connection {
   std::unordered_map<uint64_t, std::vector<Chunk>> parked_;
   // The highest wr_id whose completion (of any status) was polled.
   uint64_t completed_through_ = 0;
+  // check_stalled(): the oldest posted request when it last looked (0:
+  // none), since when it has been the oldest, and whether the owner was
+  // asked about its buffer.
+  uint64_t watched_wr_ = 0;
+  Clock::time_point watched_since_{};
+  bool stall_asked_ = false;
 };
 
 }  // namespace rdmabuf::ibverbs
