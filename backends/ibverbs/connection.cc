@@ -314,7 +314,8 @@ bool Connection::post() {
     wr.wr.rdma.remote_addr = c.remote_addr;
     wr.wr.rdma.rkey = c.rkey;
     if (n > 0) wrs[n - 1].next = &wr;
-    posted_.push_back(Posted{std::move(c), std::move(region).value(), wr.wr_id});
+    posted_.push_back(Posted{std::move(c), std::move(region).value(), wr.wr_id,
+                             (wr.send_flags & IBV_SEND_SIGNALED) != 0});
     pending_.pop_front();
     ++n;
   }
@@ -323,6 +324,7 @@ bool Connection::post() {
     return progressed;
   }
   wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;  // the last is always signalled
+  posted_.back().signalled = true;
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(qp_->qp(), wrs, &bad);
   if (rc != 0) {
@@ -440,7 +442,8 @@ Status Connection::take_answers() {
         return ProtocolError("the owner answered about buffer " + std::to_string(a.id) +
                              " with code " + std::to_string(static_cast<int>(a.code)));
     }
-    // Ids are never reused, so the answer stays true for this queue pair.
+    // Ids are never reused: a refusal stays true, a confirmation until the
+    // buffer is released (see validated_).
     validated_[q.id] = Validated{q.token, q.region_size, answer};
     // The handle's chunks go first, in their order: they have waited.
     auto parked = parked_.find(q.id);
@@ -523,38 +526,61 @@ Status Connection::explain(ibv_wc_status status, const Chunk& chunk) {
 }
 
 void Connection::check_stalled() {
-  const Posted& oldest = posted_.front();
   const Clock::time_point now = Clock::now();
-  if (oldest.wr_id != watched_wr_) {
-    watched_wr_ = oldest.wr_id;
+  if (posted_.front().wr_id != watched_wr_) {
+    watched_wr_ = posted_.front().wr_id;
     watched_since_ = now;
     stall_asked_ = false;
     return;
   }
   if (now - watched_since_ < kStallLimit) return;
-  const RemoteBuffer& remote = oldest.chunk.transfer->op(oldest.chunk.op).remote;
+  // Completions come in order and only for signalled requests: the one
+  // that holds the queue up is at or before the first signalled one.
+  auto suspects_end =
+      std::find_if(posted_.begin(), posted_.end(), [](const Posted& p) { return p.signalled; });
+  if (suspects_end != posted_.end()) ++suspects_end;
+  auto remote_of = [](const Posted& p) -> const RemoteBuffer& {
+    return p.chunk.transfer->op(p.chunk.op).remote;
+  };
   if (!stall_asked_) {
-    // The owner's earlier answer is forgotten: the next one is about now.
-    // (New chunks for this buffer wait for it, as for a first use.)
-    validated_.erase(remote.id());
-    Status asked = ask(remote);
-    if (!asked.ok()) {
-      reset(0, Unavailable("cannot ask the owner about buffer " + std::to_string(remote.id()) +
-                           ": " + asked.message()));
-      return;
+    // Their owner's earlier answers are forgotten: the next ones are about
+    // now. (New chunks for those buffers wait for them, as for a first use.)
+    for (auto p = posted_.begin(); p != suspects_end; ++p) {
+      const Status* known = answer_about(remote_of(*p));
+      if (known != nullptr && !known->ok()) {
+        reset(p->wr_id, *known);  // learnt meanwhile (explain(), an earlier stall)
+        return;
+      }
+      validated_.erase(remote_of(*p).id());
     }
     stall_asked_ = true;
-    return;
   }
-  const Status* answer = answer_about(remote);
-  if (answer == nullptr) return;  // not yet (read_answers() gives it kAnswerLimit)
-  if (answer->code() == StatusCode::kNotFound) {
-    Status gone = NotFound("the owner released this buffer while the op was in flight");
-    validated_[remote.id()].answer = gone;  // later ops fail without a question
-    reset(oldest.wr_id, gone);
-    return;
+  bool all_answered = true;
+  for (auto p = posted_.begin(); p != suspects_end; ++p) {
+    const RemoteBuffer& remote = remote_of(*p);
+    const Status* answer = answer_about(remote);
+    if (answer == nullptr) {
+      // Not answered yet: asked now, unless the question is out already
+      // (ask() sends none twice; an answer about this id with another
+      // token or size, which answer_about() does not take, asks again).
+      Status asked = ask(remote);
+      if (!asked.ok()) {
+        reset(0, Unavailable("cannot ask the owner about buffer " + std::to_string(remote.id()) +
+                             ": " + asked.message()));
+        return;
+      }
+      all_answered = false;
+    } else if (!answer->ok()) {
+      Status refused = answer->code() == StatusCode::kNotFound
+                           ? NotFound("the owner released this buffer while the op was in flight")
+                           : *answer;
+      validated_[remote.id()].answer = refused;  // later ops fail without a question
+      reset(p->wr_id, refused);
+      return;
+    }
   }
-  // Still there: a slow request, not a stuck one. Watched afresh.
+  if (!all_answered) return;  // (read_answers() gives the owner kAnswerLimit)
+  // All still there: slow requests, not stuck ones. Watched afresh.
   watched_since_ = now;
   stall_asked_ = false;
 }

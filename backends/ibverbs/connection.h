@@ -68,7 +68,9 @@ struct Chunk {
 // Before a handle's first use on a queue pair the owner confirms it (see
 // ask()): the handle's chunks wait aside, never posted, while the question
 // is out, and the thread goes on posting and polling for everyone else. An
-// owner that does not answer within 10 s has its queue pair reset.
+// owner that does not answer within 10 s has its queue pair reset. While
+// requests are in flight and none completes for a second, the owner is
+// asked again about their buffers (see check_stalled()).
 //
 // A failed handshake hands the waiting ops on to the next backend the owner
 // offers (tcp, say), with the failure as the reason; ops with a part done
@@ -95,6 +97,7 @@ class Connection {
     Chunk chunk;
     std::shared_ptr<MemoryRegion> region;  // the local registration the NIC uses
     uint64_t wr_id;
+    bool signalled;  // it asked for a completion (see check_stalled())
   };
 
   // A question about a buffer, sent to the owner, not answered yet.
@@ -112,17 +115,21 @@ class Connection {
   bool poll();
   bool cancel_if_needed();
   void sleep_idle();
-  // Called while requests are in flight and none completed lately (from
-  // sleep_idle()). A NIC refuses an access to a buffer its owner
-  // deregistered at once (poll(), explain(): NotFound), but Soft-RoCE's
-  // responder (Linux 6.1) may leave an RDMA READ whose buffer went away
-  // mid-read neither answered nor refused, and its requester waits for
-  // the rest of the response for ever: the op would run to its deadline.
-  // So when the oldest posted request has not completed for kStallLimit,
-  // the owner is asked about its buffer. Released: the request's op fails
-  // with NotFound, and the queue pair is reset (drained first, so no DMA
-  // touches local memory after). Still there: the request is slow, not
-  // stuck, and is watched afresh.
+  // Looks at the requests in flight (from sleep_idle(), which it leaves
+  // for while some are). A NIC refuses an access to a buffer its owner
+  // deregistered mid-op at once (poll(), explain(): NotFound), but
+  // Soft-RoCE's responder (Linux 6.1) may leave an RDMA READ of one neither
+  // answered nor refused, and its requester waits for the rest of the
+  // response for ever: the op would run to its deadline. So when no
+  // completion has moved the oldest posted request on for kStallLimit, the
+  // owner is asked again about the buffers of the requests that may hold
+  // the queue up (up to the first signalled one), and new chunks for those
+  // buffers wait for the answers. One released (or refused): the first of
+  // its requests fails, with its op, and the queue pair is reset (drained
+  // first, so no DMA touches local memory after); the other ops' requests
+  // go again on a new pair. All still there: the requests are slow, not
+  // stuck, and are watched afresh, so at most one round of questions goes
+  // out each kStallLimit.
   void check_stalled();
   // Error, drain, destroy; completes or requeues every posted chunk. The
   // work request `failed` (or 0 for none), whose completion said
@@ -132,10 +139,12 @@ class Connection {
   // The root cause of a failed work request, in the library's terms; may
   // ask the owner (a refused key: was the buffer released?).
   Status explain(ibv_wc_status status, const Chunk& chunk);
-  // What the owner said of `remote` (id, token, size) on this queue pair,
+  // What the owner said of `remote` (id, token, size) on this connection,
   // or null when it has not been asked. The NIC checks only the key and the
   // registered range, so a forged token or size would go unnoticed without
-  // this question, asked once per handle per queue pair.
+  // this question, asked once per handle, and again only when an access
+  // was refused (explain()) or requests stalled (check_stalled()), either
+  // of which may mean that the owner released the buffer.
   const Status* answer_about(const RemoteBuffer& remote) const;
   // Sends the question about `remote` unless it is already out.
   Status ask(const RemoteBuffer& remote);
@@ -173,8 +182,10 @@ class Connection {
   // begin_touch bracket on its transfer while the NIC may use its memory.
   std::unordered_map<TransferState*, uint32_t> touching_;
   // What the owner said of each handle used here (see answer_about()), by id.
-  // Ids are never reused, so answers stay true; a release learnt from a
-  // refused access is recorded too.
+  // Ids are never reused, so a refusal stays true; a confirmation holds until
+  // the owner releases the buffer, which explain() and check_stalled() find
+  // out by forgetting it and asking again. A release they learnt is recorded
+  // too.
   struct Validated {
     Token token;
     uint64_t region_size;
