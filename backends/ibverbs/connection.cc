@@ -596,6 +596,16 @@ bool Connection::cancel_if_needed() {
 }
 
 void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
+  // The failed request's op fails as a whole: its other chunks are neither
+  // posted again nor left waiting. Found before the drain below, which may
+  // complete that very request (a stall seen just as it finished).
+  std::shared_ptr<TransferState> failed_transfer;
+  uint32_t failed_op = 0;
+  for (const Posted& p : posted_) {
+    if (p.wr_id != failed) continue;
+    failed_transfer = p.chunk.transfer;
+    failed_op = p.chunk.op;
+  }
   // Error first: from here the NIC only flushes. The last posted request
   // is always signalled and completions come in order, so its completion
   // means nothing posted can touch memory any more.
@@ -622,19 +632,12 @@ void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
     }
     qp_.reset();  // destroying it also stops the NIC from using it
   }
-  // The failed request's op fails as a whole: its other chunks are neither
-  // posted again nor left waiting.
-  TransferState* failed_transfer = nullptr;
-  uint32_t failed_op = 0;
   for (Posted& p : posted_) {
-    if (p.wr_id != failed) continue;
-    failed_transfer = p.chunk.transfer.get();
-    failed_op = p.chunk.op;
-    if (failed_wc != IBV_WC_SUCCESS) cause = explain(failed_wc, p.chunk);
-    RDMABUF_LOG_INFO("ibverbs: work request failed: " + cause.to_string());
+    if (p.wr_id == failed && failed_wc != IBV_WC_SUCCESS) cause = explain(failed_wc, p.chunk);
   }
+  if (failed_transfer) RDMABUF_LOG_INFO("ibverbs: work request failed: " + cause.to_string());
   auto of_failed_op = [&](const Chunk& c) {
-    return failed_transfer && c.transfer.get() == failed_transfer && c.op == failed_op;
+    return failed_transfer && c.transfer == failed_transfer && c.op == failed_op;
   };
   control_.reset();
   asked_.clear();
