@@ -543,15 +543,13 @@ void Connection::check_stalled() {
     return p.chunk.transfer->op(p.chunk.op).remote;
   };
   if (!stall_asked_) {
-    // Their owner's earlier answers are forgotten: the next ones are about
+    // Their owner's confirmations are forgotten: the next answers are about
     // now. (New chunks for those buffers wait for them, as for a first use.)
+    // A refusal learnt meanwhile (explain(), an earlier stall) stays, and
+    // the loop below acts on it at once.
     for (auto p = posted_.begin(); p != suspects_end; ++p) {
       const Status* known = answer_about(remote_of(*p));
-      if (known != nullptr && !known->ok()) {
-        reset(p->wr_id, *known);  // learnt meanwhile (explain(), an earlier stall)
-        return;
-      }
-      validated_.erase(remote_of(*p).id());
+      if (known != nullptr && known->ok()) validated_.erase(remote_of(*p).id());
     }
     stall_asked_ = true;
   }
