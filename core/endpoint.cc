@@ -657,6 +657,9 @@ class RingChannel {
   // After a write: whether the peer's reader asked for a doorbell (never
   // over RDMA, whose reader its own NIC wakes).
   bool doorbell_requested() { return shm_ && shm_->doorbell_requested(); }
+  // Over RDMA, the channel's MessageChannel::write_unit(); the rings have
+  // none (0).
+  size_t write_unit() const { return rdma_ ? rdma_->write_unit() : 0; }
   // Over RDMA, readable once bytes came for an armed reader; else -1.
   int wakeup_fd() const { return rdma_ ? rdma_->wakeup_fd() : -1; }
   // Takes what made wakeup_fd() readable: whether there was any.
@@ -671,6 +674,35 @@ class RingChannel {
   std::unique_ptr<ShmChannel> shm_;
   std::unique_ptr<MessageChannel> rdma_;
 };
+
+// How send_in_frames() cuts a message in kSentPart frames: the message's
+// bytes in each, and the frames one write carries.
+struct PartShape {
+  uint64_t part_bytes;
+  int parts_per_write;
+};
+
+// A kSentPart frame's bytes besides its part of the message: its header, the
+// receive's seq and the message's size.
+constexpr uint64_t kPartOverhead = kHeaderSize + 2 * sizeof(uint64_t);
+static_assert(kPartBytes + kPartOverhead == kHeaderSize + kMaxPayload);
+
+// Over TCP, kPartsPerWrite whole frames a write; through the shared-memory
+// rings, one (kRingPartsPerWrite). Through a channel with a write unit
+// (MessageChannel::write_unit; an RDMA channel's is one SEND), the fewest
+// frames of at most a whole frame's size that fill the unit, all of one size
+// (short of it by less than one byte a frame when they do not divide it),
+// written together: the ibverbs channel's units of 16 KiB take two frames of
+// 8192 bytes, so that no SEND carries only a part's last few bytes
+// (docs/performance.md, twenty-sixth session).
+PartShape part_shape(const RingChannel& ring) {
+  if (!ring) return {kPartBytes, kPartsPerWrite};
+  const uint64_t unit = ring.write_unit();
+  constexpr uint64_t kWholeFrame = kHeaderSize + kMaxPayload;
+  const uint64_t frames = unit / kWholeFrame + (unit % kWholeFrame != 0);
+  if (unit == 0 || unit / frames <= kPartOverhead) return {kPartBytes, kRingPartsPerWrite};
+  return {unit / frames - kPartOverhead, static_cast<int>(frames)};
+}
 
 // Over a TCP channel: the size up to which messages travel in parts. Only
 // while a one-sided write would copy with the CPU over TCP too: an RDMA
@@ -729,7 +761,8 @@ class EndpointImpl {
         peer_manager_id_(peer_manager_id),
         stream_limit_(ring_.is_shm()    ? kShmStreamLimit
                       : ring_.is_rdma() ? kRdmaStreamLimit
-                                        : tcp_stream_limit(manager)) {
+                                        : tcp_stream_limit(manager)),
+        parts_(part_shape(ring_)) {
     reader_ = std::thread([this] { serve(); });
     lease_keeper_ = std::thread([this] { keep_leases(); });
   }
@@ -1102,8 +1135,7 @@ class EndpointImpl {
 
   // Answers `credit` with frames: kTooLarge when `message` does not fit;
   // else the message itself, in one kSentInline frame when small, or in
-  // kSentPart frames, kPartsPerWrite at a time (kRingPartsPerWrite through
-  // the shared-memory rings).
+  // kSentPart frames cut and written as parts_ says (part_shape).
   Status send_in_frames(const Credit& credit, const LocalMemory& message) {
     const uint64_t size = message.size();
     if (size > credit.capacity) {
@@ -1119,16 +1151,16 @@ class EndpointImpl {
       const std::span<const uint8_t> pieces[] = {head, {bytes, size}};
       return write_pieces(pieces);
     }
-    const int parts_per_write = ring_ ? kRingPartsPerWrite : kPartsPerWrite;
+    const int parts_per_write = parts_.parts_per_write;
     std::vector<uint8_t> heads;  // each part's header and fields, back to back
     std::vector<std::span<const uint8_t>> pieces;
     for (uint64_t at = 0; at < size;) {
       heads.clear();
       pieces.clear();
       // Reserved up front: `pieces` points into `heads`.
-      heads.reserve(parts_per_write * (kHeaderSize + 2 * sizeof(uint64_t)));
+      heads.reserve(parts_per_write * kPartOverhead);
       for (int i = 0; i < parts_per_write && at < size; ++i) {
-        const uint64_t n = std::min(kPartBytes, size - at);
+        const uint64_t n = std::min(parts_.part_bytes, size - at);
         FrameBuilder part(Frame::kSentPart);
         part.u64(credit.seq).u64(size);
         const std::span<const uint8_t> head = part.done(n);
@@ -2838,6 +2870,7 @@ class EndpointImpl {
   // kSentPart frames through the control channel; larger ones by a
   // one-sided write.
   const uint64_t stream_limit_;
+  const PartShape parts_;  // how send_in_frames() cuts messages
   std::mutex join_mu_;
   std::thread reader_;
   std::thread lease_keeper_;

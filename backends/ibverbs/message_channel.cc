@@ -19,10 +19,17 @@ namespace rdmabuf::ibverbs {
 namespace {
 
 // Receives each side keeps posted, and SENDs a writer has in flight at
-// most: 512 KiB each way.
+// most: 528 KiB each way.
 constexpr uint32_t kSlots = 32;
-// The bytes of one SEND, and of one posted receive.
-constexpr uint32_t kSlotBytes = 16 * 1024;
+// The bytes a writer fills one SEND with (write_unit()).
+constexpr uint32_t kUnitBytes = 16 * 1024;
+// The most bytes of one SEND, and of one posted receive: a unit and the
+// slack MessageChannel promises, so that up to 512 bytes of credits held
+// back (22 without handles) in front of a unit's worth of message parts
+// cost no SEND of their own. Both sides' must agree (address()): the wire
+// value docs/wire-format.md gives.
+constexpr uint32_t kSlotBytes = kUnitBytes + MessageChannel::kWriteUnitSlack;
+static_assert(kSlotBytes == 16896, "docs/wire-format.md: the RDMA channel's receives");
 // The work request id of the credit read (SENDs carry their number).
 constexpr uint64_t kCreditRead = ~uint64_t{0};
 // One SEND in this many asks for a completion: the send queue completes in
@@ -90,10 +97,12 @@ class VerbsChannel final : public MessageChannel {
     const uint32_t slots = r.get<uint32_t>();
     const uint32_t slot_bytes = r.get<uint32_t>();
     if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed ibverbs channel address");
+    // Well formed, but another version's channel: the frames take TCP.
     if (slots != kSlots || slot_bytes != kSlotBytes) {
-      return ProtocolError("the peer's ibverbs channel posts " + std::to_string(slots) +
-                           " receives of " + std::to_string(slot_bytes) + " bytes (this side " +
-                           std::to_string(kSlots) + " of " + std::to_string(kSlotBytes) + ")");
+      return FailedPrecondition("the peer's ibverbs channel posts " + std::to_string(slots) +
+                                " receives of " + std::to_string(slot_bytes) +
+                                " bytes (this side " + std::to_string(kSlots) + " of " +
+                                std::to_string(kSlotBytes) + ")");
     }
     return qp_->connect(endpoint);
   }
@@ -142,6 +151,7 @@ class VerbsChannel final : public MessageChannel {
   }
 
   size_t capacity() const override { return size_t{kSlots - kRepostBatch + 1} * kSlotBytes; }
+  size_t write_unit() const override { return kUnitBytes; }
 
   void drain(std::chrono::milliseconds limit) override {
     const Deadline deadline = Clock::now() + limit;
@@ -236,6 +246,7 @@ class VerbsChannel final : public MessageChannel {
   static constexpr size_t kSlotsBytes = size_t{2} * kSlots * kSlotBytes;
   static constexpr size_t kPage = 4096;
   static constexpr size_t kMemoryBytes = kSlotsBytes + 2 * kPage;
+  static_assert(kSlotsBytes % kPage == 0, "the credit word starts a page");
 
   explicit VerbsChannel(std::shared_ptr<const Device> device)
       : device_(std::move(device)), lib_(device_->lib()) {}

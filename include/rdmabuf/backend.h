@@ -303,6 +303,15 @@ class MessageChannel {
                                    std::span<const std::span<const uint8_t>> pieces) = 0;
   // The most bytes one write_whole may take.
   virtual size_t capacity() const = 0;
+  // The bytes a write_whole should carry to fill one of the transport's own
+  // messages (the ibverbs channel: one SEND into one posted receive); 0 when
+  // it has no such unit. A channel with a unit carries a write of up to
+  // write_unit() + kWriteUnitSlack bytes (at most capacity()) as one message,
+  // and a larger one as several, the first of them full; each write begins a
+  // message of its own. Writers with much to move write it a unit at a time,
+  // with up to kWriteUnitSlack bytes of small frames in front.
+  virtual size_t write_unit() const { return 0; }
+  static constexpr size_t kWriteUnitSlack = 512;
   // Waits up to `limit` for the bytes written to reach the peer: called
   // before the endpoint's connection is closed, so that the peer reads
   // every frame written before the end.

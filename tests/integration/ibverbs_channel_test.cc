@@ -157,7 +157,8 @@ std::vector<uint8_t> counting(size_t size, uint8_t from) {
 // and in order, whether read in place (peek/consume) or copied out, and
 // pieces of one write arrive back to back.
 TEST_F(IbverbsChannelTest, BytesArriveInOrderAcrossReceives) {
-  const std::vector<size_t> sizes = {1, 13, 4096, 16383, 16384, 16385, 40000, 100, 70000};
+  const std::vector<size_t> sizes = {1,     13,    4096,  16383, 16384, 16385,
+                                     16895, 16896, 16897, 40000, 100,   70000};
   std::vector<uint8_t> sent;
   std::thread writer([&] {
     for (int round = 0; round < 8; ++round) {
@@ -204,6 +205,38 @@ TEST_F(IbverbsChannelTest, BytesArriveInOrderAcrossReceives) {
   ASSERT_EQ(got.size(), total);
   EXPECT_TRUE(got == sent) << "the bytes came out of order or changed";
   EXPECT_FALSE(b_->has_incoming());
+}
+
+// A write of a unit's worth and the slack (MessageChannel::write_unit)
+// travels as one SEND: it lies in one receive, and one peek shows all of
+// it. A byte more takes a second SEND, after a first that is full.
+TEST_F(IbverbsChannelTest, AWriteUnitAndItsSlackTravelInOneSend) {
+  const size_t unit = a_->write_unit();
+  ASSERT_GT(unit, 0u);
+  const size_t most = unit + MessageChannel::kWriteUnitSlack;
+  for (const size_t size : {most, most + 1}) {
+    const auto bytes = counting(size, static_cast<uint8_t>(size));
+    auto wrote = write_waiting(bytes);
+    ASSERT_TRUE(wrote.ok() && *wrote) << wrote.status().to_string();
+    std::vector<size_t> pieces;  // the spans peek() showed, in turn
+    std::vector<uint8_t> got;
+    const auto until = Clock::now() + 10s;
+    while (got.size() < size && Clock::now() < until) {
+      auto view = b_->peek();
+      ASSERT_TRUE(view.ok()) << view.status().to_string();
+      if (view->empty()) {
+        std::this_thread::yield();
+        continue;
+      }
+      pieces.push_back(view->size());
+      got.insert(got.end(), view->begin(), view->end());
+      b_->consume(view->size());
+    }
+    ASSERT_EQ(got, bytes) << "a write of " << size << " bytes";
+    const std::vector<size_t> sends =
+        size == most ? std::vector<size_t>{most} : std::vector<size_t>{most, 1};
+    EXPECT_EQ(pieces, sends) << "a write of " << size << " bytes";
+  }
 }
 
 // A writer that the reader does not keep up with is refused (false, no
@@ -318,9 +351,9 @@ TEST_F(IbverbsChannelTest, BadAddressesAndSizesAreRefused) {
   longer.push_back(0);
   EXPECT_EQ((*other)->connect(longer).code(), StatusCode::kProtocolError);
   std::vector<uint8_t> reshaped = address;
-  reshaped[reshaped.size() - 1] ^= 1;  // the receives' size
+  reshaped[reshaped.size() - 1] ^= 1;  // the receives' size: another version's channel
   auto refused = (*other)->connect(reshaped);
-  EXPECT_EQ(refused.code(), StatusCode::kProtocolError);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.message().find("receives of"), std::string::npos) << refused.message();
   std::vector<uint8_t> too_much(a_->capacity() + 1);
   EXPECT_EQ(a_->write_whole(too_much, {}).status().code(), StatusCode::kInvalidArgument);
@@ -401,6 +434,16 @@ TEST_F(IbverbsChannelTest, AHandshakeThatLiesAboutItsChannelIsRefused) {
   EXPECT_TRUE(fell_back_unanswered((*unreachable)->channel())) << (*unreachable)->channel();
   auto lied = handshake(RawPayload().u8(1).blob("not an address"));
   EXPECT_FALSE(lied.ok()) << "a malformed address was taken";
+  // Another version's channel (its receives of another size): TCP, saying so.
+  std::vector<uint8_t> reshaped = vanished_address();
+  ASSERT_FALSE(reshaped.empty());
+  reshaped.back() ^= 1;  // the receives' size
+  auto other_version = handshake(RawPayload().u8(1).blob(reshaped));
+  ASSERT_TRUE(other_version.ok()) << other_version.status().to_string();
+  const std::string channel = (*other_version)->channel();
+  EXPECT_EQ(channel.rfind("tcp (", 0), 0u) << channel;
+  EXPECT_NE(channel.find("the peer's ibverbs channel posts 32 receives of"), std::string::npos)
+      << channel;
   auto refused = handshake(RawPayload().u8(0).blob("no queue pair for you"));
   ASSERT_TRUE(refused.ok()) << refused.status().to_string();
   EXPECT_EQ((*refused)->channel(),
