@@ -407,8 +407,9 @@ TEST_F(IbverbsChannelTest, AGonePeerTakesNothingAndDoesNotHoldTheWriter) {
 // The endpoint handshake over RDMA, played by hand against a real
 // listener whose manager has ibverbs only: the answer takes RDMA and
 // carries an address; a peer that then sends a malformed address is
-// dropped (ProtocolError, the listener goes on), and one that says it
-// cannot connect gets frames over TCP with its reason.
+// dropped (ProtocolError, the listener goes on); one whose channel is
+// another version's (receives of another size), and one that says it
+// cannot connect, get frames over TCP with the reason.
 TEST_F(IbverbsChannelTest, AHandshakeThatLiesAboutItsChannelIsRefused) {
   auto manager = make_manager([](Config& c) { c.backends = {"ibverbs"}; });
   ASSERT_TRUE(manager);
