@@ -26,7 +26,7 @@ constexpr uint32_t kUnitBytes = 16 * 1024;
 // The most bytes of one SEND, and of one posted receive: a unit and the
 // slack MessageChannel promises, so that up to 512 bytes of credits held
 // back (22 without handles) in front of a unit's worth of message parts
-// cost no SEND of their own. Both sides' must agree (address()): the wire
+// cost no SEND of their own. Both sides must agree (address()): the wire
 // value docs/wire-format.md gives.
 constexpr uint32_t kSlotBytes = kUnitBytes + MessageChannel::kWriteUnitSlack;
 static_assert(kSlotBytes == 16896, "docs/wire-format.md: the RDMA channel's receives");

@@ -68,6 +68,13 @@ class IbverbsChannelTest : public ::testing::Test {
     return channel.ok() ? (*channel)->address() : std::vector<uint8_t>();
   }
 
+  // `address` (a channel's address()) as another version's channel would
+  // give it: its receives of another size (the address's last field).
+  static std::vector<uint8_t> with_other_receive_size(std::vector<uint8_t> address) {
+    address.back() ^= 1;
+    return address;
+  }
+
   // Whether an endpoint's channel() says its frames took TCP because the
   // read through the RDMA channel went unanswered: by its deadline
   // (Soft-RoCE never gives up on a queue pair that is gone), or failed
@@ -350,9 +357,7 @@ TEST_F(IbverbsChannelTest, BadAddressesAndSizesAreRefused) {
   std::vector<uint8_t> longer = address;
   longer.push_back(0);
   EXPECT_EQ((*other)->connect(longer).code(), StatusCode::kProtocolError);
-  std::vector<uint8_t> reshaped = address;
-  reshaped[reshaped.size() - 1] ^= 1;  // the receives' size: another version's channel
-  auto refused = (*other)->connect(reshaped);
+  auto refused = (*other)->connect(with_other_receive_size(address));
   EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.message().find("receives of"), std::string::npos) << refused.message();
   std::vector<uint8_t> too_much(a_->capacity() + 1);
@@ -436,10 +441,9 @@ TEST_F(IbverbsChannelTest, AHandshakeThatLiesAboutItsChannelIsRefused) {
   auto lied = handshake(RawPayload().u8(1).blob("not an address"));
   EXPECT_FALSE(lied.ok()) << "a malformed address was taken";
   // Another version's channel (its receives of another size): TCP, saying so.
-  std::vector<uint8_t> reshaped = vanished_address();
-  ASSERT_FALSE(reshaped.empty());
-  reshaped.back() ^= 1;  // the receives' size
-  auto other_version = handshake(RawPayload().u8(1).blob(reshaped));
+  const std::vector<uint8_t> gone = vanished_address();
+  ASSERT_FALSE(gone.empty());
+  auto other_version = handshake(RawPayload().u8(1).blob(with_other_receive_size(gone)));
   ASSERT_TRUE(other_version.ok()) << other_version.status().to_string();
   const std::string channel = (*other_version)->channel();
   EXPECT_EQ(channel.rfind("tcp (", 0), 0u) << channel;
