@@ -53,6 +53,7 @@
 #include "common/ring_queue.h"
 #include "common/socket.h"
 #include "common/wire.h"
+#include "core/message_parts.h"
 #include "core/notifications.h"
 #include "core/numbered_slots.h"
 #include "core/shm_channel.h"
@@ -67,17 +68,8 @@ constexpr uint16_t kVersion = 4;  // 2: the channel offer; 3: messages in parts;
 // Messages up to this size travel inside the control frame (one frame, no
 // one-sided write): small messages cost one trip, not three.
 constexpr uint64_t kInlineLimit = 4096;
-constexpr uint32_t kMaxPayload = 8192;  // an inline message, or a handle
-// The bytes of a message a kSentPart frame carries, at most: a whole frame.
-constexpr uint64_t kPartBytes = kMaxPayload - 2 * sizeof(uint64_t);
-// Parts written at once (one hold of the write lock, one send): other
-// frames go out between these, so a long message delays them little.
-constexpr int kPartsPerWrite = 8;
-// Through the shared-memory rings each part is published as soon as it is
-// written, so that the reader copies one part out while the writer copies
-// the next in: a 64 KiB message's one-way time fell from 7.9 to 6.3 us
-// (two parts at a time: 6.1 us, but 5% less bandwidth; eight: 7.9 us).
-constexpr int kRingPartsPerWrite = 1;
+// The frames' sizes, and the shape of a message's parts (kSentPart).
+using namespace endpoint_wire;  // NOLINT(google-build-using-namespace)
 // Messages up to this size travel in parts through the shared-memory
 // channel; larger ones by a one-sided write (process_vm_writev on one
 // host). Through the rings a 64 KiB message has the lower latency (two
@@ -97,7 +89,6 @@ constexpr uint64_t kRdmaStreamLimit = 64 * 1024;
 // one-sided write would go over TCP anyway (no RDMA backend here): one
 // trip on one connection, rather than a write, its reply and a kSent.
 constexpr uint64_t kTcpStreamLimit = 64 * 1024;
-constexpr size_t kHeaderSize = 5;
 // Frames other than messages up to this many payload bytes are taken from
 // the shared ring where they lie, through a copy on the stack (credits,
 // answers, notifications); larger ones (handles) through the read buffer.
@@ -675,33 +666,10 @@ class RingChannel {
   std::unique_ptr<MessageChannel> rdma_;
 };
 
-// How send_in_frames() cuts a message in kSentPart frames: the message's
-// bytes in each, and the frames one write carries.
-struct PartShape {
-  uint64_t part_bytes;
-  int parts_per_write;
-};
-
-// A kSentPart frame's bytes besides its part of the message: its header, the
-// receive's seq and the message's size.
-constexpr uint64_t kPartOverhead = kHeaderSize + 2 * sizeof(uint64_t);
-static_assert(kPartBytes + kPartOverhead == kHeaderSize + kMaxPayload);
-
-// Over TCP, kPartsPerWrite whole frames a write; through the shared-memory
-// rings, one (kRingPartsPerWrite). Through a channel with a write unit
-// (MessageChannel::write_unit; an RDMA channel's is one SEND), the fewest
-// frames of at most a whole frame's size that fill the unit, all of one size
-// (short of it by less than one byte a frame when they do not divide it),
-// written together: the ibverbs channel's units of 16 KiB take two frames of
-// 8192 bytes, so that no SEND carries only a part's last few bytes
-// (docs/performance.md, twenty-sixth session).
+// How send_in_frames() cuts a message in kSentPart frames, for `ring`'s
+// kind of channel (part_shape above).
 PartShape part_shape(const RingChannel& ring) {
-  if (!ring) return {kPartBytes, kPartsPerWrite};
-  const uint64_t unit = ring.write_unit();
-  constexpr uint64_t kWholeFrame = kHeaderSize + kMaxPayload;
-  const uint64_t frames = unit / kWholeFrame + (unit % kWholeFrame != 0);
-  if (unit == 0 || unit / frames <= kPartOverhead) return {kPartBytes, kRingPartsPerWrite};
-  return {unit / frames - kPartOverhead, static_cast<int>(frames)};
+  return endpoint_wire::part_shape(static_cast<bool>(ring), ring.write_unit());
 }
 
 // Over a TCP channel: the size up to which messages travel in parts. Only
