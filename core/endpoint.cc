@@ -895,7 +895,7 @@ class EndpointImpl {
       Receive& posted = waiting_.add(seq);
       posted.into = into;
       if (handle.valid()) posted.handle = std::move(handle);  // a slot starts without one
-      // With the next frame, or when this side waits (see hold_credit).
+      // With the next frame, or once due (see hold_credit).
       if (ring_) full = hold_credit(seq, into.size(), handle_bytes);  // mu_: the ring's frames lock
     }
     if (!ring_) {
@@ -915,12 +915,11 @@ class EndpointImpl {
   Result<uint64_t> wait_receive(uint64_t seq, std::chrono::milliseconds timeout) {
     WaitDeadline deadline(timeout);
     // Credits held back go now, even when the message is here already, once
-    // they are as many as the peer still holds: a receiver that keeps up
-    // with a fast sender would otherwise hold them until it falls behind,
-    // and the sender would stall meanwhile. Fewer wait for the next frame
-    // (or for await, when this receive's message is not here): one send
+    // they are due (credits_due): a receiver that keeps up with a fast
+    // sender would otherwise hold them until it falls behind, and the
+    // sender would stall meanwhile. Fewer wait for the next frame: one send
     // then carries several.
-    if (held_credits_.load() >= peer_credits()) {
+    if (credits_due()) {
       flush().ignore();  // a failure breaks the endpoint: the wait says so
     }
     FutexLock lock(mu_);
@@ -1499,6 +1498,19 @@ class EndpointImpl {
     return credits_sent_.load() - used;
   }
 
+  // Whether the credits held back are due now, not with the next frame:
+  // once they are as many as the peer still holds (or it holds none). A
+  // sender with more credits left than that is not waiting for these: the
+  // receive it answers next is an older one. So a receiver that posts its
+  // next receive after it answered a message (an echo) holds the credit
+  // through its wait, and the next answer carries it, where it went in a
+  // write of its own (over RDMA, a SEND) before the wait. A wait that ends
+  // with the credits due sends them (wait_receive), and the endpoint's
+  // thread sends what is held at its next look.
+  bool credits_due() const {
+    return held_credits_.load(std::memory_order_relaxed) >= peer_credits();
+  }
+
   // A message or an answer used one of the credits sent (mu_ held, which
   // every change of credits_used_ holds: no read-modify-write).
   void credit_used() {
@@ -1691,14 +1703,13 @@ class EndpointImpl {
   }
 
   // Holds a receive's credit (its kPosted frame) back, to go out with the
-  // next frame written, or by flush(): a wait on this endpoint (see
-  // wait_receive), or the endpoint's thread at its next look (at once when
-  // it sleeps: the caller wakes it). One write then carries, say, a receive's
-  // credit and the message that follows it, or several credits. Frames
-  // lock held (see write_mu_). True at kMostHeldBack bytes: the caller
-  // flushes them at once.
-  // The frame (kPosted: u64 seq, u64 capacity, the handle as a u16-length
-  // blob) is written where it waits, with no frame built apart and copied.
+  // next frame written, or by flush(): a wait on this endpoint once the
+  // credits held are due (credits_due), or the endpoint's thread at its
+  // next look (at once when it sleeps: the caller wakes it). One write then carries, say, a
+  // receive's credit and the message that follows it, or several credits. Frames lock held (see
+  // write_mu_). True at kMostHeldBack bytes: the caller flushes them at once. The frame (kPosted:
+  // u64 seq, u64 capacity, the handle as a u16-length blob) is written where it waits, with no
+  // frame built apart and copied.
   bool hold_credit(uint64_t seq, uint64_t capacity, std::span<const uint8_t> handle) {
     const size_t payload = 2 * sizeof(uint64_t) + sizeof(uint16_t) + handle.size();
     const size_t at = deferred_.size();
@@ -1799,14 +1810,16 @@ class EndpointImpl {
   bool await(FutexLock& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set once this thread spins
     auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
-    // What we wait for may depend on the credits held back: they go before
-    // the wait, unless frames wait in the shared ring, which may hold it
-    // already, and this thread is to read them. Then it takes those first,
-    // and sends the credits once a look finds nothing (lead()) or they are
-    // as many as the peer holds (wait_receive): a receiver behind a fast
-    // sender sends one frame of credits every eight 4 KiB messages of a
-    // stream, not one a message.
-    if (has_deferred_.load() && !ready() && !(ring_ && may_lead() && ring_.has_incoming())) {
+    // What we wait for may depend on the credits held back: when they are
+    // due (credits_due) they go before the wait, unless frames wait in the
+    // channel, which may hold it already, and this thread is to read them.
+    // Then it takes those first, and sends the credits once due, at a look
+    // that finds nothing or at the end (lead()) or before a wait for a
+    // receive (wait_receive): a receiver behind a fast sender sends one
+    // frame of credits every eight 4 KiB messages of a stream, not one a
+    // message.
+    if (has_deferred_.load() && credits_due() && !ready() &&
+        !(ring_ && may_lead() && ring_.has_incoming())) {
       lock.unlock();
       flush().ignore();  // a failure breaks the endpoint: ready() says so
       lock.lock();
@@ -1859,8 +1872,9 @@ class EndpointImpl {
     while (true) {
       bool progressed = false;
       // One small message per look (Take::kUpToAMessage): the caller
-      // returns with it at once, and the receive it posts next sends its
-      // credit while the messages behind wait in the ring. Taking all the
+      // returns with it at once, and the receive it posts next adds its
+      // credit to those held back (sent once due) while the messages
+      // behind wait in the ring. Taking all the
       // ring held first (a steady sender's 16 messages) left the sender
       // without credits meanwhile: 4 KiB messages streamed at 1.8 M/s, not
       // 2.3 (docs/performance.md).
@@ -1888,7 +1902,7 @@ class EndpointImpl {
         continue;
       }
       // Nothing came: the peer may wait for the credits held back (await).
-      if (has_deferred_.load()) {
+      if (has_deferred_.load() && credits_due()) {
         flush().ignore();  // a failure breaks the endpoint: the next pump tells
         continue;
       }
@@ -1906,6 +1920,12 @@ class EndpointImpl {
     if (!st.ok()) {
       lock.unlock();
       fail_reading(st);
+      lock.lock();
+    } else if (has_deferred_.load(std::memory_order_relaxed) && credits_due()) {
+      // The messages read may have left the peer with no more credits than
+      // are held back: they go now, not with the next frame.
+      lock.unlock();
+      flush().ignore();  // a failure breaks the endpoint: the caller's next look tells
       lock.lock();
     }
     return in_time;

@@ -46,13 +46,14 @@ constexpr bool kBufferPerReceive = false;
 //
 // The receives share two buffers, taking turns (as the receives of
 // ucx_perftest's tag_bw share one): the benchmark compares transports, not
-// how fast the host's memory takes 16 cold buffers. Two, not one: over TCP
-// a receive is posted again before its echo goes (see serve()), so with
-// one buffer the next message would land in the memory the echo is sent
-// from, as far as ThreadSanitizer can tell (it does not see the order the
-// socket gives: the client sends the next message only once the echo
-// came). The first receive has a buffer of its own, so that its first
-// byte is read while nothing else can land there.
+// how fast the host's memory takes 16 cold buffers. Two, not one, as every
+// figure in docs/performance.md was taken with two: a receive posted again
+// before its echo went (as over TCP and RDMA before credits were held
+// through a wait) would, with one buffer, have the next message land in
+// the memory the echo is sent from, as far as ThreadSanitizer can tell (it
+// does not see the order the socket gives). The first receive has a buffer
+// of its own, so that its first byte is read while nothing else can land
+// there.
 class EndpointServer {
  public:
   EndpointServer(std::unique_ptr<EndpointListener> listener, uint64_t max_message)
@@ -108,12 +109,13 @@ class EndpointServer {
       posted.push_back(std::move(receive).value());
     }
     // Receives are filled in the order they were posted: wait for each in
-    // turn, and post it again once its message is dealt with.
-    // Over TCP the receive is posted again before the echo goes, so that
-    // its credit travels with the echo (one send, not two), as the client's
-    // does. Through shared memory, where a write costs no system call, the
-    // echo goes first: else the client would take the credit in before it.
-    const bool post_first = endpoint.channel() != "shared memory";
+    // turn, and post it again once its message is dealt with: after the
+    // echo, so that posting is not on the way from a message to its echo.
+    // The client still holds the credits of the other receives, so the
+    // endpoint holds the new one back through the wait, for the next echo
+    // to carry (one send, not two; Endpoint::post_receive), unless the
+    // endpoint's thread sends it first at one of its looks, every few
+    // milliseconds.
     std::optional<bool> echoes;  // what the endpoint is for, once its first message came
     for (size_t i = 0;; i = (i + 1) % kPosted) {
       auto size = posted[i].wait(std::chrono::hours(24));
@@ -140,9 +142,8 @@ class EndpointServer {
         if (i == 0) in_slot[0] = buffers[0];  // the first receive's own buffer is done with
         return true;
       };
-      if (post_first && !post_again()) return;
       if (echo && !endpoint.send(*message, std::chrono::seconds(60)).ok()) return;
-      if (!post_first && !post_again()) return;
+      if (!post_again()) return;
     }
   }
 

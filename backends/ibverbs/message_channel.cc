@@ -50,10 +50,14 @@ constexpr uint32_t kInlineBytes = 256;
 // message) where they lie, and the device copies them into the work
 // request; no send slot is written.
 constexpr uint32_t kInlinePieces = 4;
-// Receives read out are posted again this many at a time, with one
-// ibv_post_recv; until then the peer has up to kRepostBatch - 1 fewer to
-// send into. So that a writer of capacity() bytes is never stuck behind
-// receives read out but not posted again, capacity() leaves them out.
+// Receives read out are posted again, with one ibv_post_recv for them all,
+// when the reader next finds nothing to read (off the path from a message
+// to its answer, where posting eight, about 900 instructions, held up one
+// message in eight: docs/performance.md), or once this many wait while
+// messages keep coming; until then the peer has up to kRepostBatch - 1
+// fewer to send into. So that a writer of capacity() bytes is never stuck
+// behind receives read out but not posted again, capacity() leaves them
+// out.
 constexpr uint32_t kRepostBatch = 8;
 static_assert(kRepostBatch <= kSlots / 2);
 // Completions taken at once.
@@ -501,12 +505,19 @@ class VerbsChannel final : public MessageChannel {
   }
 
   // The oldest receive taken is read out. Once kRepostBatch are, they are
-  // posted again, and the peer may send into them: false when they could
-  // not be (receive_failure_ says why).
+  // posted again (repost), and the peer may send into them: false when
+  // they could not be (receive_failure_ says why).
   bool read_out() {
     ++receives_used_;
     offset_ = 0;
     if (receives_used_ - receives_reposted_ < kRepostBatch) return true;
+    return repost();
+  }
+
+  // Posts the receives read out again (none: nothing to do); false when
+  // they could not be (receive_failure_ says why).
+  bool repost() {
+    if (receives_used_ == receives_reposted_) return true;
     Status posted = post_receives(receives_reposted_, receives_used_);
     if (!posted.ok()) {
       if (receive_failure_.ok()) receive_failure_ = posted;
@@ -531,6 +542,13 @@ class VerbsChannel final : public MessageChannel {
     ibv_wc wc[kPollBatch];
     const int n = ibv_poll_cq(qp_->recv_cq(), kPollBatch, wc);
     if (n < 0) receive_failure_ = Unavailable("cannot poll the receive queue's completions");
+    // Nothing came (every caller looks only once all it took is read out):
+    // the time to post the receives read out again, rather than on the way
+    // from a message to its answer (kRepostBatch).
+    if (n == 0) {
+      repost();
+      return;
+    }
     for (int i = 0; i < n; ++i) {
       const uint64_t slot = receives_done_ % kSlots;
       // What the peer can cause (a SEND larger than a receive, a write

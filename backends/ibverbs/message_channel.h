@@ -1,8 +1,9 @@
 // Endpoint frames over verbs SEND/RECV (a MessageChannel, rdmabuf/backend.h).
 //
 // Each side posts kSlots receives of kSlotBytes into registered memory of
-// its own and keeps them posted: receives read out are posted again
-// kRepostBatch at a time, with one call. A write copies its bytes into
+// its own and keeps them posted: receives read out are posted again, with
+// one call, when the reader next finds nothing to read, or kRepostBatch
+// at a time while messages keep coming. A write copies its bytes into
 // send slots (registered too) and posts one SEND per slot, so the peer's
 // NIC puts them straight into a posted receive; the reader takes them
 // where they lie. Small SENDs go inline (in the work request, gathered
