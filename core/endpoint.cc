@@ -96,7 +96,7 @@ constexpr size_t kSmallFrame = 256;
 // Handles passed (kBuffer) and not yet taken by receive_buffer: beyond this
 // the peer is flooding us and the endpoint is closed.
 constexpr size_t kMaxQueuedBuffers = 4096;
-// Credits held back (defer_credit) go at once when their frames reach this
+// Credits held back (hold_credit) go at once when their frames reach this
 // many bytes: about 170 receives' worth.
 constexpr size_t kMostHeldBack = 4096;
 // How long a withdrawn receive waits for the sender's answer before the
@@ -895,7 +895,7 @@ class EndpointImpl {
       Receive& posted = waiting_.add(seq);
       posted.into = into;
       if (handle.valid()) posted.handle = std::move(handle);  // a slot starts without one
-      // With the next frame, or once due (see hold_credit).
+      // With the next frame, or by a wait (see hold_credit).
       if (ring_) full = hold_credit(seq, into.size(), handle_bytes);  // mu_: the ring's frames lock
     }
     if (!ring_) {
@@ -1501,15 +1501,27 @@ class EndpointImpl {
   // Whether the credits held back are due now, not with the next frame:
   // once they are as many as the peer still holds (or it holds none). A
   // sender with more credits left than that is not waiting for these: the
-  // receive it answers next is an older one. So a receiver that posts its
-  // next receive after it answered a message (an echo) holds the credit
-  // through its wait, and the next answer carries it, where it went in a
-  // write of its own (over RDMA, a SEND) before the wait. A wait that ends
-  // with the credits due sends them (wait_receive), and the endpoint's
-  // thread sends what is held at its next look.
+  // receive it answers next is an older one. A wait that ends with the
+  // credits due sends them (lead), and the endpoint's thread sends what is
+  // held at its next look.
   bool credits_due() const {
     return held_credits_.load(std::memory_order_relaxed) >= peer_credits();
   }
+
+  // Whether a wait about to idle (nothing to take, or a look found
+  // nothing) sends the credits held back. Through the shared-memory rings,
+  // always: a write there is no system call (but for a doorbell to a peer
+  // whose reader sleeps), and a credit written while
+  // this side idles is off the way of the next message, which would carry
+  // it otherwise (44 bytes for an 8 B message, not 21: most likely a cache
+  // line more from one core to the other; 8 B went one way 12% slower on
+  // the host with the credit held, docs/performance.md). Over TCP each
+  // write is a system call, over RDMA a SEND the NIC carries (on
+  // Soft-RoCE a system call too), so only once due: a receiver that
+  // posts its next receive after it answered a message (an echo) holds
+  // the credit through its wait, and the next answer carries it, where it
+  // went in a write of its own before the wait.
+  bool credits_go_when_idle() const { return ring_.is_shm() || credits_due(); }
 
   // A message or an answer used one of the credits sent (mu_ held, which
   // every change of credits_used_ holds: no read-modify-write).
@@ -1703,13 +1715,14 @@ class EndpointImpl {
   }
 
   // Holds a receive's credit (its kPosted frame) back, to go out with the
-  // next frame written, or by flush(): a wait on this endpoint once the
-  // credits held are due (credits_due), or the endpoint's thread at its
-  // next look (at once when it sleeps: the caller wakes it). One write then carries, say, a
-  // receive's credit and the message that follows it, or several credits. Frames lock held (see
-  // write_mu_). True at kMostHeldBack bytes: the caller flushes them at once. The frame (kPosted:
-  // u64 seq, u64 capacity, the handle as a u16-length blob) is written where it waits, with no
-  // frame built apart and copied.
+  // next frame written, or by flush(): a wait on this endpoint (as
+  // credits_go_when_idle and credits_due say), or the endpoint's thread
+  // at its next look (at once when it sleeps: the caller wakes it). One
+  // write then carries, say, a receive's credit and the message that
+  // follows it, or several credits. Frames lock held (see write_mu_). True
+  // at kMostHeldBack bytes: the caller flushes them at once.
+  // The frame (kPosted: u64 seq, u64 capacity, the handle as a u16-length
+  // blob) is written where it waits, with no frame built apart and copied.
   bool hold_credit(uint64_t seq, uint64_t capacity, std::span<const uint8_t> handle) {
     const size_t payload = 2 * sizeof(uint64_t) + sizeof(uint16_t) + handle.size();
     const size_t at = deferred_.size();
@@ -1810,15 +1823,15 @@ class EndpointImpl {
   bool await(FutexLock& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set once this thread spins
     auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
-    // What we wait for may depend on the credits held back: when they are
-    // due (credits_due) they go before the wait, unless frames wait in the
+    // What we wait for may depend on the credits held back: they go before
+    // the wait (as credits_go_when_idle says), unless frames wait in the
     // channel, which may hold it already, and this thread is to read them.
-    // Then it takes those first, and sends the credits once due, at a look
-    // that finds nothing or at the end (lead()) or before a wait for a
-    // receive (wait_receive): a receiver behind a fast sender sends one
-    // frame of credits every eight 4 KiB messages of a stream, not one a
-    // message.
-    if (has_deferred_.load() && credits_due() && !ready() &&
+    // Then it takes those first, and sends the credits at a look that
+    // finds nothing (lead(), as before the wait), or once due, at the
+    // wait's end (lead()) or before a wait for a receive (wait_receive): a
+    // receiver behind a fast sender sends one frame of credits every eight
+    // 4 KiB messages of a stream, not one a message.
+    if (has_deferred_.load() && credits_go_when_idle() && !ready() &&
         !(ring_ && may_lead() && ring_.has_incoming())) {
       lock.unlock();
       flush().ignore();  // a failure breaks the endpoint: ready() says so
@@ -1873,8 +1886,8 @@ class EndpointImpl {
       bool progressed = false;
       // One small message per look (Take::kUpToAMessage): the caller
       // returns with it at once, and the receive it posts next adds its
-      // credit to those held back (sent once due) while the messages
-      // behind wait in the ring. Taking all the
+      // credit to those held back (sent once due, or when a look finds
+      // nothing) while the messages behind wait in the ring. Taking all the
       // ring held first (a steady sender's 16 messages) left the sender
       // without credits meanwhile: 4 KiB messages streamed at 1.8 M/s, not
       // 2.3 (docs/performance.md).
@@ -1902,7 +1915,7 @@ class EndpointImpl {
         continue;
       }
       // Nothing came: the peer may wait for the credits held back (await).
-      if (has_deferred_.load() && credits_due()) {
+      if (has_deferred_.load() && credits_go_when_idle()) {
         flush().ignore();  // a failure breaks the endpoint: the next pump tells
         continue;
       }

@@ -5,8 +5,9 @@
 //
 // Method: the peer is `rdmabuf serve --endpoint` in another process, with
 // the same single backend, reached by two endpoints: one for latency, one
-// for bandwidth. Latency is a ping-pong of one message (the
-// receive for the echo posted before the send), reported
+// for bandwidth. Latency is a ping-pong of one message (the client keeps
+// kEchoesPosted receives for the echoes posted, as the peer keeps its own
+// for the pings, and posts one again after each ping), reported
 // as half the round trip (as tag_lat reports it): the median and p99 of at
 // least 1000 after a warm-up as long as ucx_perftest's (10000 round trips,
 // or a second at most), timed with one clock read per trip, as tag_lat
@@ -55,6 +56,10 @@ constexpr auto kTimeout = std::chrono::seconds(60);
 // transport, kMostWarmup.
 constexpr int kWarmupTrips = 10000;
 constexpr auto kMostWarmup = std::chrono::seconds(1);
+// Receives for the echoes kept posted by the ping-pong's client, as many as
+// the peer keeps for the pings (and as ib_send_lat keeps its receive queue
+// full): each goes back after the next ping, not between an echo and it.
+constexpr int kEchoesPosted = 16;
 
 struct SendOptions {
   std::optional<std::string> backend;
@@ -102,20 +107,36 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
   std::memset(ping.data(), 'E', size);  // 'E': echo it
   std::vector<double> half_trips;
   half_trips.reserve(static_cast<size_t>(samples));
+  // Every echo lands in `pong`, one at a time: the next comes only after
+  // the next ping, which goes once this one was looked at.
+  std::deque<PendingReceive> echoes;
+  for (int i = 0; i < kEchoesPosted; ++i) {
+    RDMABUF_ASSIGN_OR_RETURN(PendingReceive echo, endpoint.post_receive(pong));
+    echoes.push_back(std::move(echo));
+  }
   auto start = clock.now();  // of the next trip: where the last one ended
   const auto first = start;
   const double most_warmup_us = std::chrono::duration<double, std::micro>(kMostWarmup).count();
   bool warm = false;
   for (int i = 0; static_cast<int>(half_trips.size()) < samples; ++i) {
-    // The receive for the echo is posted first, so that its credit is at
-    // the peer when the echo is ready, and travels with the message.
-    RDMABUF_ASSIGN_OR_RETURN(PendingReceive echo, endpoint.post_receive(pong));
+    // The ping, then the receive the last echo took is posted again, so
+    // that posting is not on the way from an echo to the next ping. Over
+    // TCP or RDMA its credit waits for the next ping to carry it (the peer
+    // still holds the others': Endpoint::post_receive); through shared
+    // memory it goes while this side waits.
     RDMABUF_RETURN_IF_ERROR(endpoint.send(ping, kTimeout));
+    if (echoes.size() < kEchoesPosted) {
+      RDMABUF_ASSIGN_OR_RETURN(PendingReceive again, endpoint.post_receive(pong));
+      echoes.push_back(std::move(again));
+    }
+    PendingReceive echo = std::move(echoes.front());
+    echoes.pop_front();
     RDMABUF_ASSIGN_OR_RETURN(uint64_t got, echo.wait(kTimeout));
     if (got != size || pong.data()[0] != std::byte{'E'}) {
       return Internal("the echo came back with " + std::to_string(got) + " bytes, not " +
                       std::to_string(size));
     }
+    pong.data()[0] = std::byte{0};  // so that the next echo's byte is its own
     const auto end = clock.now();
     if (warm) half_trips.push_back(clock.micros(start, end) / 2);
     if (!warm && (i + 1 >= kWarmupTrips || clock.micros(first, end) >= most_warmup_us)) {

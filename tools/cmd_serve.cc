@@ -111,11 +111,12 @@ class EndpointServer {
     // Receives are filled in the order they were posted: wait for each in
     // turn, and post it again once its message is dealt with: after the
     // echo, so that posting is not on the way from a message to its echo.
-    // The client still holds the credits of the other receives, so the
-    // endpoint holds the new one back through the wait, for the next echo
-    // to carry (one send, not two; Endpoint::post_receive), unless the
-    // endpoint's thread sends it first at one of its looks, every few
-    // milliseconds.
+    // The client still holds the credits of the other receives, so over
+    // TCP or RDMA the endpoint holds the new one back through the wait, for
+    // the next echo to carry (one send, not two; Endpoint::post_receive),
+    // unless the endpoint's thread sends it first at one of its looks,
+    // every few milliseconds; through shared memory it goes while the
+    // server waits.
     std::optional<bool> echoes;  // what the endpoint is for, once its first message came
     for (size_t i = 0;; i = (i + 1) % kPosted) {
       auto size = posted[i].wait(std::chrono::hours(24));

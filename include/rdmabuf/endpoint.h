@@ -180,12 +180,13 @@ class Endpoint {
   // posted, so a receiver can keep several posted and wait for them in
   // turn, with no thread per receive. The receive's credit (what lets the
   // peer send into it) goes out with this side's next frame (a send()
-  // right after travels in the same packet); or, once the peer has no more
-  // credits left than this side holds back, when this side next waits on
-  // the endpoint (a peer with older receives still to fill does not need
-  // it yet: an echo sent before the receive is posted again takes the
-  // credit along with the next echo); and otherwise within about a
-  // millisecond (up to 8 ms right after a stretch of calls on the
+  // right after travels in the same packet); or when this side next waits
+  // on the endpoint, through shared memory whenever the wait finds nothing
+  // to take, over TCP or RDMA only once the peer has no more credits left
+  // than this side holds back (a peer with older receives still to fill
+  // does not need it yet: an echo sent before the receive is posted again
+  // takes the credit along with the next echo); and otherwise within about
+  // a millisecond (up to 8 ms right after a stretch of calls on the
   // endpoint). `into` must stay valid until the wait returns or the
   // PendingReceive is gone.
   Result<PendingReceive> post_receive(const LocalMemory& into);
