@@ -8,9 +8,10 @@
 # SIZE bytes per message (default 8), TRIPS round trips (default 20000),
 # BACKENDS for both sides (RDMABUF_BACKENDS; default memory, whose
 # endpoints' frames travel through shared memory; tcp for a TCP channel;
-# ibverbs, inside scripts/softroce-vm, for verbs SEND/RECV: the kernel's
-# share of the work, moving the packets, is not counted, the user space's
-# is, libibverbs' and the provider's included).
+# ibverbs, inside scripts/softroce-vm once built here (it does not build
+# there), for verbs SEND/RECV: the kernel's share of the work, moving the
+# packets, is not counted, the user space's is, libibverbs' and the
+# provider's included).
 # Starts `rdmabuf serve --endpoint` (natively), runs rdmabuf_ping_pong
 # under callgrind against it, and prints the inclusive instructions of
 # Endpoint::post_receive, Endpoint::send and PendingReceive::wait, per
@@ -37,8 +38,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 size=${1:-8}
 trips=${2:-20000}
 backends=${3:-memory}
-scripts/install-packages.sh valgrind
-scripts/setup.sh >&2
+# Inside scripts/softroce-vm the tree is this machine's, built already:
+# building again there, under an emulated CPU, would take many minutes and
+# rewrite the build the host may be using.
+if [ -z "${SOFTROCE_VM:-}" ]; then
+  scripts/install-packages.sh valgrind
+  scripts/setup.sh >&2
+fi
 build=${RDMABUF_BUILD_DIR:-build}
 
 served=$(mktemp)
