@@ -1511,16 +1511,16 @@ class EndpointImpl {
   // Whether a wait about to idle (nothing to take, or a look found
   // nothing) sends the credits held back. Through the shared-memory rings,
   // always: a write there is no system call (but for a doorbell to a peer
-  // whose reader sleeps), and a credit written while
-  // this side idles is off the way of the next message, which would carry
-  // it otherwise (44 bytes for an 8 B message, not 21: most likely a cache
-  // line more from one core to the other; 8 B went one way 12% slower on
-  // the host with the credit held, docs/performance.md). Over TCP each
-  // write is a system call, over RDMA a SEND the NIC carries (on
-  // Soft-RoCE a system call too), so only once due: a receiver that
-  // posts its next receive after it answered a message (an echo) holds
-  // the credit through its wait, and the next answer carries it, where it
-  // went in a write of its own before the wait.
+  // whose reader sleeps), and a credit written while this side idles is
+  // off the way of the next message, which would carry it otherwise (44
+  // bytes for an 8 B message, not 21: most likely a cache line more from
+  // one core to the other; 8 B went one way 12% slower on the host with
+  // the credit held, docs/performance.md). Over TCP each write is a system
+  // call, over RDMA a SEND the NIC carries (on Soft-RoCE a system call
+  // too), so only once due: a receiver that posts its next receive after
+  // it answered a message (an echo) holds the credit through its wait,
+  // and the next answer carries it, where it went in a write of its own
+  // before the wait.
   bool credits_go_when_idle() const { return ring_.is_shm() || credits_due(); }
 
   // A message or an answer used one of the credits sent (mu_ held, which
