@@ -6,8 +6,8 @@
 // Method: the peer is `rdmabuf serve --endpoint` in another process, with
 // the same single backend, reached by two endpoints: one for latency, one
 // for bandwidth. Latency is a ping-pong of one message (the client keeps
-// kEchoesPosted receives for the echoes posted, as the peer keeps its own
-// for the pings, and posts one again after each ping), reported
+// receives for the echoes posted, as the peer keeps its own for the pings,
+// and posts one again after each ping: tools/echo_receives.h), reported
 // as half the round trip (as tag_lat reports it): the median and p99 of at
 // least 1000 after a warm-up as long as ucx_perftest's (10000 round trips,
 // or a second at most), timed with one clock read per trip, as tag_lat
@@ -43,6 +43,7 @@
 #include "tools/bench_peers.h"
 #include "tools/bench_report.h"
 #include "tools/commands.h"
+#include "tools/echo_receives.h"
 #include "tools/progress.h"
 #include "tools/subprocess.h"
 #include "tools/trip_clock.h"
@@ -56,10 +57,6 @@ constexpr auto kTimeout = std::chrono::seconds(60);
 // transport, kMostWarmup.
 constexpr int kWarmupTrips = 10000;
 constexpr auto kMostWarmup = std::chrono::seconds(1);
-// Receives for the echoes kept posted by the ping-pong's client, as many as
-// the peer keeps for the pings (and as ib_send_lat keeps its receive queue
-// full): each goes back after the next ping, not between an echo and it.
-constexpr int kEchoesPosted = 16;
 
 struct SendOptions {
   std::optional<std::string> backend;
@@ -107,30 +104,14 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
   std::memset(ping.data(), 'E', size);  // 'E': echo it
   std::vector<double> half_trips;
   half_trips.reserve(static_cast<size_t>(samples));
-  // Every echo lands in `pong`, one at a time: the next comes only after
-  // the next ping, which goes once this one was looked at.
-  std::deque<PendingReceive> echoes;
-  for (int i = 0; i < kEchoesPosted; ++i) {
-    RDMABUF_ASSIGN_OR_RETURN(PendingReceive echo, endpoint.post_receive(pong));
-    echoes.push_back(std::move(echo));
-  }
+  RDMABUF_ASSIGN_OR_RETURN(EchoReceives echoes, EchoReceives::post(endpoint, pong));
   auto start = clock.now();  // of the next trip: where the last one ended
   const auto first = start;
   const double most_warmup_us = std::chrono::duration<double, std::micro>(kMostWarmup).count();
   bool warm = false;
   for (int i = 0; static_cast<int>(half_trips.size()) < samples; ++i) {
-    // The ping, then the receive the last echo took is posted again, so
-    // that posting is not on the way from an echo to the next ping. Over
-    // TCP or RDMA its credit waits for the next ping to carry it (the peer
-    // still holds the others': Endpoint::post_receive); through shared
-    // memory it goes while this side waits.
     RDMABUF_RETURN_IF_ERROR(endpoint.send(ping, kTimeout));
-    if (echoes.size() < kEchoesPosted) {
-      RDMABUF_ASSIGN_OR_RETURN(PendingReceive again, endpoint.post_receive(pong));
-      echoes.push_back(std::move(again));
-    }
-    PendingReceive echo = std::move(echoes.front());
-    echoes.pop_front();
+    RDMABUF_ASSIGN_OR_RETURN(PendingReceive echo, echoes.next());
     RDMABUF_ASSIGN_OR_RETURN(uint64_t got, echo.wait(kTimeout));
     if (got != size || pong.data()[0] != std::byte{'E'}) {
       return Internal("the echo came back with " + std::to_string(got) + " bytes, not " +

@@ -16,12 +16,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <numeric>
 #include <vector>
 
 #include "rdmabuf/rdmabuf.h"
 #include "tools/bench_report.h"
+#include "tools/echo_receives.h"
 #include "tools/trip_clock.h"
 
 namespace {
@@ -29,28 +29,19 @@ namespace {
 constexpr auto kTimeout = std::chrono::seconds(30);  // valgrind is slow
 
 constexpr long kWarmUp = 1000;
-// Receives for the echoes kept posted, as `rdmabuf bench --op send` keeps
-// them (tools/bench_send.cc): each goes back after the next ping.
-constexpr size_t kEchoesPosted = 16;
 
-// `trips` round trips, with `echoes` (receives into `pong`, oldest first)
-// posted; each one's half in µs goes into `one_way_us`.
+// `trips` round trips, the echoes landing in `echoes`' receives; each one's
+// half in µs goes into `one_way_us`.
 rdmabuf::Status round_trips(rdmabuf::Endpoint& endpoint, const rdmabuf::LocalMemory& ping,
-                            const rdmabuf::LocalMemory& pong,
-                            std::deque<rdmabuf::PendingReceive>& echoes, long trips,
+                            rdmabuf::tool::EchoReceives& echoes, long trips,
                             const rdmabuf::tool::TripClock& clock,
                             std::vector<double>& one_way_us) {
   auto start = clock.now();  // of the next trip: where the last one ended (one read a trip)
   for (long i = 0; i < trips; ++i) {
     RDMABUF_RETURN_IF_ERROR(endpoint.send(ping, kTimeout));
-    if (echoes.size() < kEchoesPosted) {
-      auto posted = endpoint.post_receive(pong);
-      if (!posted.ok()) return posted.status().with_context("posting a receive");
-      echoes.push_back(std::move(posted).value());
-    }
-    rdmabuf::PendingReceive echo = std::move(echoes.front());
-    echoes.pop_front();
-    auto echoed = echo.wait(kTimeout);
+    auto echo = echoes.next();
+    if (!echo.ok()) return echo.status().with_context("posting a receive");
+    auto echoed = echo->wait(kTimeout);
     if (!echoed.ok()) return echoed.status().with_context("waiting for the echo");
     const auto end = clock.now();
     one_way_us.push_back(clock.micros(start, end) / 2);
@@ -61,11 +52,13 @@ rdmabuf::Status round_trips(rdmabuf::Endpoint& endpoint, const rdmabuf::LocalMem
 
 // The trips that count: scripts/count-instructions.sh counts only inside
 // this function (callgrind --toggle-collect), so it stays one of its own.
-[[gnu::noinline]] rdmabuf::Status measured_round_trips(
-    rdmabuf::Endpoint& endpoint, const rdmabuf::LocalMemory& ping, const rdmabuf::LocalMemory& pong,
-    std::deque<rdmabuf::PendingReceive>& echoes, long trips, const rdmabuf::tool::TripClock& clock,
-    std::vector<double>& one_way_us) {
-  return round_trips(endpoint, ping, pong, echoes, trips, clock, one_way_us);
+[[gnu::noinline]] rdmabuf::Status measured_round_trips(rdmabuf::Endpoint& endpoint,
+                                                       const rdmabuf::LocalMemory& ping,
+                                                       rdmabuf::tool::EchoReceives& echoes,
+                                                       long trips,
+                                                       const rdmabuf::tool::TripClock& clock,
+                                                       std::vector<double>& one_way_us) {
+  return round_trips(endpoint, ping, echoes, trips, clock, one_way_us);
 }
 
 int fail(const char* what, const rdmabuf::Status& status) {
@@ -101,18 +94,13 @@ int main(int argc, char** argv) {
   // first receives), outside the function whose instructions count.
   const rdmabuf::tool::TripClock clock;
   std::vector<double> one_way_us;
-  std::deque<rdmabuf::PendingReceive> echoes;
-  while (echoes.size() < kEchoesPosted) {
-    auto posted = endpoint.post_receive(*pong);
-    if (!posted.ok()) return fail("posting a receive", posted.status());
-    echoes.push_back(std::move(posted).value());
-  }
-  rdmabuf::Status warm = round_trips(endpoint, *ping, *pong, echoes, kWarmUp, clock, one_way_us);
+  auto echoes = rdmabuf::tool::EchoReceives::post(endpoint, *pong);
+  if (!echoes.ok()) return fail("posting receives", echoes.status());
+  rdmabuf::Status warm = round_trips(endpoint, *ping, *echoes, kWarmUp, clock, one_way_us);
   if (!warm.ok()) return fail("warming up", warm);
   one_way_us.clear();
   one_way_us.reserve(static_cast<size_t>(trips));
-  rdmabuf::Status done =
-      measured_round_trips(endpoint, *ping, *pong, echoes, trips, clock, one_way_us);
+  rdmabuf::Status done = measured_round_trips(endpoint, *ping, *echoes, trips, clock, one_way_us);
   if (!done.ok()) return fail("ping-pong", done);
   using rdmabuf::tool::percentile;  // nearest rank, as the bench reports
   const double mean_us =
