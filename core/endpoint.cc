@@ -2937,23 +2937,8 @@ Result<PendingReceive> Endpoint::post_receive(const LocalMemory& into) {
 
 // --- PendingReceive -----------------------------------------------------------------
 
-PendingReceive::PendingReceive(std::shared_ptr<EndpointImpl> endpoint, uint64_t seq)
-    : endpoint_(std::move(endpoint)), seq_(seq) {}
-
-PendingReceive::PendingReceive(PendingReceive&& other) noexcept
-    : endpoint_(std::move(other.endpoint_)), seq_(other.seq_) {}
-
-PendingReceive& PendingReceive::operator=(PendingReceive&& other) noexcept {
-  if (this != &other) {
-    if (endpoint_) endpoint_->abandon_receive(seq_);
-    endpoint_ = std::move(other.endpoint_);
-    seq_ = other.seq_;
-  }
-  return *this;
-}
-
-PendingReceive::~PendingReceive() {
-  if (endpoint_) endpoint_->abandon_receive(seq_);
+void PendingReceive::withdraw() {
+  endpoint_->abandon_receive(seq_);
 }
 
 Result<uint64_t> PendingReceive::wait(std::chrono::milliseconds timeout) {
@@ -2964,30 +2949,8 @@ Result<uint64_t> PendingReceive::wait(std::chrono::milliseconds timeout) {
 
 // --- PendingSend --------------------------------------------------------------------
 
-PendingSend::PendingSend(std::shared_ptr<EndpointImpl> endpoint, uint64_t id)
-    : endpoint_(std::move(endpoint)), id_(id), waited_(false) {}
-
-PendingSend::PendingSend(Status done) : waited_(false), done_(std::move(done)) {}
-
-PendingSend::PendingSend(PendingSend&& other) noexcept
-    : endpoint_(std::move(other.endpoint_)),
-      id_(other.id_),
-      waited_(std::exchange(other.waited_, true)),
-      done_(std::move(other.done_)) {}
-
-PendingSend& PendingSend::operator=(PendingSend&& other) noexcept {
-  if (this != &other) {
-    if (endpoint_) endpoint_->wait_send(id_, std::chrono::milliseconds(0)).ignore();
-    endpoint_ = std::move(other.endpoint_);
-    id_ = other.id_;
-    waited_ = std::exchange(other.waited_, true);
-    done_ = std::move(other.done_);
-  }
-  return *this;
-}
-
-PendingSend::~PendingSend() {
-  if (endpoint_) endpoint_->wait_send(id_, std::chrono::milliseconds(0)).ignore();
+void PendingSend::cancel() {
+  endpoint_->wait_send(id_, std::chrono::milliseconds(0)).ignore();
 }
 
 Status PendingSend::wait(std::chrono::milliseconds timeout) {

@@ -15,13 +15,15 @@
 # Starts `rdmabuf serve --endpoint` (natively), runs rdmabuf_ping_pong
 # under callgrind against it, and prints the inclusive instructions of
 # Endpoint::post_receive, Endpoint::send and PendingReceive::wait, per
-# round trip. Under callgrind the client is so slow that the server nearly
-# always answers before it looks, so the count is work, not spinning. Keep
-# the machine otherwise idle: a server that falls behind makes the client
-# spin, which counts (on a host that steals CPU time from the server, the
-# wait's count moves by up to a fifth between runs; send's and
-# post_receive's do not). The profile stays in BUILD/callgrind.ping_pong.out for
-# callgrind_annotate (valgrind's own messages in callgrind.ping_pong.log).
+# round trip, and the client's whole count per round trip (its own loop
+# included, as UCX's below is). Under callgrind the client is so slow that
+# the server nearly always answers before it looks, so the count is work,
+# not spinning. Keep the machine otherwise idle: a server that falls
+# behind makes the client spin, which counts (on a host that steals CPU
+# time from the server, the wait's count moves by up to a fifth between
+# runs; send's and post_receive's do not). The profile stays in
+# BUILD/callgrind.ping_pong.out for callgrind_annotate (valgrind's own
+# messages in callgrind.ping_pong.log).
 #
 # Beside it, the peer's figure from the same run: ucx_perftest -t tag_lat
 # over the same transport (posix,sysv for memory, tcp for tcp), its client
@@ -85,6 +87,12 @@ counts=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
     END { printf "%-26s %6d instructions per round trip\n", "library", total / trips }')
 echo "$counts"
 rdmabuf_count=$(awk '$1 == "library" { print $2 }' <<<"$counts")
+# All of the measured trips, the tool's own loop (the clock, its queue of
+# posted receives) and what it calls outside those three (moving and
+# dropping a PendingReceive) included: what ucx_perftest's count is.
+callgrind_annotate "$out" 2>/dev/null | awk -v trips="$trips" '/PROGRAM TOTALS/ {
+  ir = $1; gsub(",", "", ir)
+  printf "%-26s %6d instructions per round trip (all of it)\n", "client", ir / trips }'
 
 if ! command -v ucx_perftest >/dev/null; then
   echo "(ucx_perftest not found: install ucx-utils to see UCX's count beside)"

@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "rdmabuf/buffer.h"
 #include "rdmabuf/memory.h"
@@ -69,17 +70,29 @@ class Manager;
 class EndpointImpl;
 
 // A receive posted with Endpoint::post_receive, not yet waited for. Move-only.
+// (Moves and the destructor of one waited for are inline: a receive is
+// posted, moved and dropped on every message's path.)
 class PendingReceive {
  public:
   PendingReceive() = default;
-  PendingReceive(PendingReceive&& other) noexcept;
-  PendingReceive& operator=(PendingReceive&& other) noexcept;
+  PendingReceive(PendingReceive&& other) noexcept
+      : endpoint_(std::move(other.endpoint_)), seq_(other.seq_) {}
+  PendingReceive& operator=(PendingReceive&& other) noexcept {
+    if (this != &other) {
+      if (endpoint_) withdraw();
+      endpoint_ = std::move(other.endpoint_);
+      seq_ = other.seq_;
+    }
+    return *this;
+  }
   // Withdraws the receive when it was not waited for: from then on no byte
   // lands in its memory, and a message that landed in it already is dropped.
   // So may be one the peer sent before the withdrawal reached it (its send
   // succeeded). To keep such a message, wait with a short timeout instead:
   // a timed-out wait returns a message that crossed its withdrawal.
-  ~PendingReceive();
+  ~PendingReceive() {
+    if (endpoint_) withdraw();
+  }
 
   // Waits for the message: its size. Errors as Endpoint::receive's, and
   // kFailedPrecondition on a second call. At the deadline the receive is
@@ -88,21 +101,41 @@ class PendingReceive {
 
  private:
   friend class Endpoint;
-  PendingReceive(std::shared_ptr<EndpointImpl> endpoint, uint64_t seq);
+  PendingReceive(std::shared_ptr<EndpointImpl> endpoint, uint64_t seq)
+      : endpoint_(std::move(endpoint)), seq_(seq) {}
+  // The receive, not waited for, is given up (endpoint_ set).
+  void withdraw();
   std::shared_ptr<EndpointImpl> endpoint_;  // empty once waited for
   uint64_t seq_ = 0;
 };
 
 // A send posted with Endpoint::post_send, not yet waited for. Move-only.
+// (Moves and the destructor of one waited for are inline, as
+// PendingReceive's.)
 class PendingSend {
  public:
   PendingSend() = default;
-  PendingSend(PendingSend&& other) noexcept;
-  PendingSend& operator=(PendingSend&& other) noexcept;
+  PendingSend(PendingSend&& other) noexcept
+      : endpoint_(std::move(other.endpoint_)),
+        id_(other.id_),
+        waited_(std::exchange(other.waited_, true)),
+        done_(std::move(other.done_)) {}
+  PendingSend& operator=(PendingSend&& other) noexcept {
+    if (this != &other) {
+      if (endpoint_) cancel();
+      endpoint_ = std::move(other.endpoint_);
+      id_ = other.id_;
+      waited_ = std::exchange(other.waited_, true);
+      done_ = std::move(other.done_);
+    }
+    return *this;
+  }
   // Cancels the send when it was not waited for, as a wait that times out
   // at once does: once this returns, the library no longer reads the
   // message's memory.
-  ~PendingSend();
+  ~PendingSend() {
+    if (endpoint_) cancel();
+  }
 
   // Waits until the message is in the peer's receive (or failed). Errors as
   // Endpoint::send's, and kFailedPrecondition on a second call. At the
@@ -113,8 +146,11 @@ class PendingSend {
 
  private:
   friend class Endpoint;
-  PendingSend(std::shared_ptr<EndpointImpl> endpoint, uint64_t id);
-  explicit PendingSend(Status done);
+  PendingSend(std::shared_ptr<EndpointImpl> endpoint, uint64_t id)
+      : endpoint_(std::move(endpoint)), id_(id), waited_(false) {}
+  explicit PendingSend(Status done) : waited_(false), done_(std::move(done)) {}
+  // The send, not waited for, is cancelled (endpoint_ set).
+  void cancel();
   std::shared_ptr<EndpointImpl> endpoint_;  // empty once finished
   uint64_t id_ = 0;
   bool waited_ = true;  // wait() was called, or there is nothing to wait for
