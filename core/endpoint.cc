@@ -2391,6 +2391,10 @@ class EndpointImpl {
   void serve() {
     int timeout_ms = -1;
     int linger_ms = kLingerMs;  // the next look's, while callers read
+    auto look_later = [&] {     // callers read: the next look, and the one after
+      timeout_ms = linger_ms;
+      linger_ms = std::min(2 * linger_ms, kMostLingerMs);
+    };
     while (true) {
       epoll_event events[4];
       // Sleeping with no timeout: a frame deferred from now on wakes us.
@@ -2427,8 +2431,7 @@ class EndpointImpl {
         // ended (at its deadline, or a writer's read while blocked, which
         // moves no sends) moves at the look after next, not the next.
         if (has_deferred_.load(std::memory_order_relaxed) && credits_due()) flush().ignore();
-        timeout_ms = linger_ms;
-        linger_ms = std::min(2 * linger_ms, kMostLingerMs);
+        look_later();
         continue;
       }
       drain_eventfd(wake_.get());
@@ -2439,9 +2442,8 @@ class EndpointImpl {
         break;
       }
       if (stopping()) break;
-      if (led_lately() || !take_role()) {  // callers read: look again later
-        timeout_ms = linger_ms;
-        linger_ms = std::min(2 * linger_ms, kMostLingerMs);
+      if (led_lately() || !take_role()) {
+        look_later();
         continue;
       }
       linger_ms = kLingerMs;

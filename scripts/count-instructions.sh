@@ -73,8 +73,8 @@ LD_BIND_NOW=1 RDMABUF_BACKENDS=$backends valgrind --tool=callgrind --callgrind-o
   --log-file="$build/callgrind.ping_pong.log" \
   --toggle-collect='*measured_round_trips*' \
   "$build/tools/rdmabuf_ping_pong" "$address" "$size" "$trips" | grep -v -e "^median" -e "^p90"
-counts=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
-  awk -v trips="$trips" '
+annotated=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null)
+counts=$(awk -v trips="$trips" '
     match($0, /endpoint\.cc:rdmabuf::(PendingReceive::wait|Endpoint::send|Endpoint::post_receive)\(/) {
       name = substr($0, RSTART + length("endpoint.cc:rdmabuf::"))
       sub(/\(.*/, "", name)
@@ -84,14 +84,14 @@ counts=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
       printf "%-26s %6d\n", name, ir / trips
       total += ir
     }
-    END { printf "%-26s %6d instructions per round trip\n", "library", total / trips }')
+    END { printf "%-26s %6d instructions per round trip\n", "library", total / trips }' <<<"$annotated")
 echo "$counts"
 rdmabuf_count=$(awk '$1 == "library" { print $2 }' <<<"$counts")
 # All of the measured trips, the tool's own loop (the clock, its queue of
 # posted receives) and what it calls outside those three (moving and
 # dropping a PendingReceive) included: what ucx_perftest's count is.
-client_count=$(callgrind_annotate "$out" 2>/dev/null |
-  awk -v trips="$trips" '/PROGRAM TOTALS/ { ir = $1; gsub(",", "", ir); printf "%d", ir / trips }')
+client_count=$(awk -v trips="$trips" \
+  '/PROGRAM TOTALS/ { ir = $1; gsub(",", "", ir); printf "%d", ir / trips }' <<<"$annotated")
 printf "%-26s %6d instructions per round trip (all of it)\n" client "$client_count"
 
 if ! command -v ucx_perftest >/dev/null; then
