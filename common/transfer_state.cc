@@ -25,6 +25,9 @@ struct TransferState::OpState {
   Status status;
   std::string_view backend;  // a backend's name: a string literal
   std::string note;
+  bool has_notice = false;  // set before any backend sees the op
+  WriteNotice notice;
+  std::atomic<bool> notice_sent{false};
 };
 
 TransferState::TransferState(std::vector<Op> ops, std::chrono::milliseconds timeout,
@@ -70,6 +73,24 @@ bool TransferState::no_part_reported(size_t index) const {
   const OpState& s = states_[index];
   return !s.part_reported.load(std::memory_order_relaxed) &&
          s.status_state.load(std::memory_order_acquire) == 0;
+}
+
+void TransferState::set_notice(size_t index, const WriteNotice& notice) {
+  states_[index].has_notice = true;
+  states_[index].notice = notice;
+}
+
+const WriteNotice* TransferState::notice(size_t index) const {
+  return states_[index].has_notice ? &states_[index].notice : nullptr;
+}
+
+void TransferState::mark_notice_sent(size_t index) {
+  states_[index].notice_sent.store(true, std::memory_order_relaxed);
+}
+
+bool TransferState::notice_sent(size_t index) const {
+  // Read after the op finished: the finish's acquire orders it.
+  return states_[index].notice_sent.load(std::memory_order_relaxed);
 }
 
 void TransferState::finish_op() {

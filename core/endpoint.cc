@@ -49,9 +49,11 @@
 
 #include "common/copy.h"
 #include "common/futex_mutex.h"
+#include "common/host.h"
 #include "common/log.h"
 #include "common/ring_queue.h"
 #include "common/socket.h"
+#include "common/strings.h"
 #include "common/wire.h"
 #include "core/message_parts.h"
 #include "core/notifications.h"
@@ -64,7 +66,8 @@ namespace rdmabuf {
 namespace {
 
 constexpr uint32_t kMagic = 0x50454252;  // "RBEP"
-constexpr uint16_t kVersion = 4;  // 2: the channel offer; 3: messages in parts; 4: RDMA channels
+// 2: the channel offer; 3: messages in parts; 4: RDMA channels; 5: notice keys in the hello
+constexpr uint16_t kVersion = 5;
 // Messages up to this size travel inside the control frame (one frame, no
 // one-sided write): small messages cost one trip, not three.
 constexpr uint64_t kInlineLimit = 4096;
@@ -308,24 +311,39 @@ Status send_frame(int fd, FrameBuilder& frame, Deadline deadline, int stop_fd = 
   return send_exact(fd, bytes.data(), bytes.size(), deadline, stop_fd);
 }
 
-// Both sides send a hello (send_hello) and check the other's (read_hello):
-// the peer's manager id. kCancelled when `stop_fd` (-1: none) fires
-// meanwhile, as in the rest of the handshake.
-Status send_hello(int fd, uint64_t manager_id, Deadline deadline, int stop_fd = -1) {
+// What a side says of itself in its hello.
+struct EndpointHello {
+  uint64_t manager_id = 0;
+  // A fresh random number that names this side's endpoint to its manager's
+  // backends: the peer puts it into the notices of its tagged writes
+  // (WriteNotice), and a notice without it is not believed.
+  uint64_t notice_key = 0;
+
+  static EndpointHello mine(Manager& manager) {
+    return {manager.identity().manager_id, secure_random_u64() | 1};
+  }
+};
+
+// Both sides send a hello (send_hello) and check the other's (read_hello).
+// kCancelled when `stop_fd` (-1: none) fires meanwhile, as in the rest of
+// the handshake.
+Status send_hello(int fd, const EndpointHello& mine, Deadline deadline, int stop_fd = -1) {
   FrameBuilder hello(Frame::kHello);
   hello.fields().put<uint32_t>(kMagic);
   hello.fields().put<uint16_t>(kVersion);
-  hello.u64(manager_id);
+  hello.u64(mine.manager_id).u64(mine.notice_key);
   return send_frame(fd, hello, deadline, stop_fd);
 }
-Result<uint64_t> read_hello(int fd, Deadline deadline, int stop_fd = -1) {
+Result<EndpointHello> read_hello(int fd, Deadline deadline, int stop_fd = -1) {
   Frame type{};
   std::vector<uint8_t> payload;
   RDMABUF_RETURN_IF_ERROR(read_frame(fd, deadline, stop_fd, type, payload));
   WireReader r(payload);
   uint32_t magic = r.get<uint32_t>();
   uint16_t version = r.get<uint16_t>();
-  uint64_t peer_id = r.get<uint64_t>();
+  EndpointHello peer;
+  peer.manager_id = r.get<uint64_t>();
+  peer.notice_key = r.get<uint64_t>();
   if (type != Frame::kHello || magic != kMagic) {
     return ProtocolError("the peer is not an rdmabuf endpoint");
   }
@@ -334,7 +352,7 @@ Result<uint64_t> read_hello(int fd, Deadline deadline, int stop_fd = -1) {
                          " (this side speaks " + std::to_string(kVersion) + ")");
   }
   if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint hello");
-  return peer_id;
+  return peer;
 }
 
 // --- the channel: shared-memory rings when both managers share a host ------------
@@ -711,12 +729,14 @@ class WaitDeadline {
 
 }  // namespace
 
-class EndpointImpl {
+class EndpointImpl final : public NoticeTaker {
  public:
   // `events`: an epoll set watching `stop` and `wake` (both level) and `fd`
-  // (one-shot, armed) and the RDMA channel's wakeups (the same), made by create().
-  EndpointImpl(Manager& manager, Fd fd, Channel channel, std::string peer, uint64_t peer_manager_id,
-               Fd stop, Fd wake, Fd sends_wake, Fd events)
+  // (one-shot, armed) and the RDMA channel's wakeups (the same), made by
+  // create(). `mine` and `theirs`: the two hellos.
+  EndpointImpl(Manager& manager, Fd fd, Channel channel, std::string peer,
+               const EndpointHello& mine, const EndpointHello& theirs, Fd stop, Fd wake,
+               Fd sends_wake, Fd events)
       : manager_(manager),
         fd_(std::move(fd)),
         ring_(std::move(channel.shm), std::move(channel.message)),
@@ -727,17 +747,21 @@ class EndpointImpl {
         events_(std::move(events)),
         in_(std::make_unique<uint8_t[]>(kInCapacity)),
         peer_(std::move(peer)),
-        peer_manager_id_(peer_manager_id),
+        peer_manager_id_(theirs.manager_id),
+        notice_key_(mine.notice_key),
+        peer_notice_key_(theirs.notice_key),
         stream_limit_(ring_.is_shm()    ? kShmStreamLimit
                       : ring_.is_rdma() ? kRdmaStreamLimit
                                         : tcp_stream_limit(manager)),
         parts_(part_shape(ring_)) {
     reader_ = std::thread([this] { serve(); });
     lease_keeper_ = std::thread([this] { keep_leases(); });
+    manager_.notice_routes().add(notice_key_, this);
   }
 
   static Result<std::unique_ptr<EndpointImpl>> create(Manager& manager, Fd fd, Channel channel,
-                                                      std::string peer, uint64_t peer_manager_id) {
+                                                      std::string peer, const EndpointHello& mine,
+                                                      const EndpointHello& theirs) {
     RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
     RDMABUF_ASSIGN_OR_RETURN(Fd wake, make_eventfd());
     RDMABUF_ASSIGN_OR_RETURN(Fd sends_wake, make_eventfd());
@@ -754,8 +778,8 @@ class EndpointImpl {
       }
     }
     return std::make_unique<EndpointImpl>(
-        manager, std::move(fd), std::move(channel), std::move(peer), peer_manager_id,
-        std::move(stop), std::move(wake), std::move(sends_wake), std::move(events));
+        manager, std::move(fd), std::move(channel), std::move(peer), mine, theirs, std::move(stop),
+        std::move(wake), std::move(sends_wake), std::move(events));
   }
 
   ~EndpointImpl() { close(Cancelled("the endpoint was closed")); }
@@ -768,6 +792,7 @@ class EndpointImpl {
   const std::string& channel() const { return channel_; }
 
   void close(const Status& why) {
+    manager_.notice_routes().remove(notice_key_);  // no notice comes in after this
     break_with(why);
     {
       std::lock_guard join(join_mu_);
@@ -991,7 +1016,10 @@ class EndpointImpl {
                              " is not one");
     }
     RDMABUF_RETURN_IF_ERROR(usable());
-    RDMABUF_RETURN_IF_ERROR(manager_.write_from(dst, src, timeout));
+    bool notice_sent = false;
+    RDMABUF_RETURN_IF_ERROR(
+        manager_.write_noticed(dst, src, WriteNotice{tag, peer_notice_key_}, timeout, notice_sent));
+    if (notice_sent) return Status::Ok();  // the backend sent it behind the bytes
     FrameBuilder notify(Frame::kNotify);
     notify.fields().put<uint32_t>(tag);
     notify.u64(dst.id()).u64(dst.offset()).u64(std::min<uint64_t>(src.size(), dst.size()));
@@ -2473,6 +2501,37 @@ class EndpointImpl {
     deliver_notes();  // what was read before the end, while the queue has room
   }
 
+  // Queues `n` for the endpoint's thread to deliver. With `only_if_room`,
+  // false (nothing queued) when kMaxPendingNotes wait already; a frame
+  // reader checks for room before it reads a kNotify, and queues it anyway
+  // (a notice may have taken the room since).
+  bool queue_note(Notification&& n, bool only_if_room) {
+    bool first;
+    {
+      std::lock_guard lock(mu_);
+      if (only_if_room && notes_.size() >= kMaxPendingNotes) return false;
+      first = notes_.empty();
+      notes_.push_back(std::move(n));
+    }
+    if (first) signal_eventfd(wake_.get());  // the endpoint's thread delivers it
+    return true;
+  }
+
+  // A notice from a backend (NoticeSink), its buffer, token and range
+  // checked by the manager: queued as a kNotify frame would be.
+  Status take_notice(uint64_t writer, const NoticeRecord& notice) override {
+    if (writer != peer_manager_id_) {
+      return PermissionDenied("a notice for the endpoint to " + peer_ + " came from manager " +
+                              hex_id(writer) + ", not its peer");
+    }
+    Notification n{notice.tag, notice.buffer_id, notice.offset, notice.length, peer_};
+    if (!queue_note(std::move(n), true)) {
+      return ResourceExhausted("the endpoint to " + peer_ + " has " +
+                               std::to_string(kMaxPendingNotes) + " notifications to deliver");
+    }
+    return Status::Ok();
+  }
+
   // Hands the queued notifications to the manager, oldest first; waits
   // while its queue is full. False when the endpoint is closing.
   bool deliver_notes() {
@@ -2566,13 +2625,7 @@ class EndpointImpl {
         n.length = r.get<uint64_t>();
         n.peer = peer_;
         if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint notification");
-        bool first;
-        {
-          std::lock_guard lock(mu_);
-          first = notes_.empty();
-          notes_.push_back(std::move(n));
-        }
-        if (first) signal_eventfd(wake_.get());  // the endpoint's thread delivers it
+        queue_note(std::move(n), false);  // room was checked before the frame was read
         return Status::Ok();
       }
       case Frame::kLendRequest: {
@@ -2827,6 +2880,8 @@ class EndpointImpl {
   bool peer_closed_ = false;  // ring_: the TCP connection ended
   const std::string peer_;
   const uint64_t peer_manager_id_;
+  const uint64_t notice_key_;       // this side's (EndpointHello)
+  const uint64_t peer_notice_key_;  // the peer's: its notices name it
 
   // FutexMutex, not std::mutex: mu_ and write_mu_ are taken several times
   // per message (common/futex_mutex.h).
@@ -3017,7 +3072,8 @@ struct Handshake {
   std::string peer;  // its address, for warnings and Endpoint::peer()
   Deadline limit;    // kHandshakeLimit after it was accepted
   bool hello_read = false;
-  uint64_t peer_id = 0;  // once hello_read
+  EndpointHello mine;    // sent
+  EndpointHello theirs;  // once hello_read
   // Its channel answered, RDMA taken, not settled yet (Channel::waiting):
   // the peer's kChannelReady comes next, then this side's read through the
   // channel is answered, or not by probe_limit.
@@ -3174,13 +3230,13 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
           h.unsettled.reset();
         }
       } else if (readable && !h.hello_read) {
-        auto peer_id = read_hello(h.fd.get(), h.limit, stop);
-        if (peer_id.ok()) {
-          h.peer_id = *peer_id;
+        auto theirs = read_hello(h.fd.get(), h.limit, stop);
+        if (theirs.ok()) {
+          h.theirs = *theirs;
           h.hello_read = true;
           continue;  // its offer follows our hello: the next poll
         }
-        failed = peer_id.status();
+        failed = theirs.status();
       } else if (readable) {
         channel = h.unsettled
                       ? finish_rdma_channel(h.fd.get(), std::move(*h.unsettled), h.limit, stop)
@@ -3205,8 +3261,9 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
         Handshake done = std::move(h);
         mine.erase(mine.begin() + static_cast<ptrdiff_t>(i));
         RDMABUF_ASSIGN_OR_RETURN(
-            auto impl, EndpointImpl::create(state_->manager, std::move(done.fd), std::move(taken),
-                                            done.peer.empty() ? "?" : done.peer, done.peer_id));
+            auto impl,
+            EndpointImpl::create(state_->manager, std::move(done.fd), std::move(taken),
+                                 done.peer.empty() ? "?" : done.peer, done.mine, done.theirs));
         return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
       }
       if (channel) failed = channel->status();
@@ -3226,7 +3283,8 @@ Result<std::unique_ptr<Endpoint>> EndpointListener::accept(std::chrono::millisec
         h.peer = peer.ok() ? peer->to_string() : std::string();
         h.limit = Clock::now() + kHandshakeLimit;
         // Ours first, as the connecting side does: neither waits for the other's.
-        Status sent = send_hello(h.fd.get(), state_->manager.identity().manager_id, h.limit, stop);
+        h.mine = EndpointHello::mine(state_->manager);
+        Status sent = send_hello(h.fd.get(), h.mine, h.limit, stop);
         if (sent.code() == StatusCode::kCancelled) return closed;
         if (sent.ok()) {
           mine.push_back(std::move(h));
@@ -3265,11 +3323,12 @@ Result<std::unique_ptr<Endpoint>> Manager::connect(const std::string& address,
   const Deadline deadline = deadline_after(timeout);
   RDMABUF_ASSIGN_OR_RETURN(HostPort where, parse_host_port(address));
   RDMABUF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(where, deadline));
-  RDMABUF_RETURN_IF_ERROR(send_hello(fd.get(), identity().manager_id, deadline));
-  RDMABUF_ASSIGN_OR_RETURN(uint64_t peer_id, read_hello(fd.get(), deadline));
+  const EndpointHello mine = EndpointHello::mine(*this);
+  RDMABUF_RETURN_IF_ERROR(send_hello(fd.get(), mine, deadline));
+  RDMABUF_ASSIGN_OR_RETURN(EndpointHello theirs, read_hello(fd.get(), deadline));
   RDMABUF_ASSIGN_OR_RETURN(Channel channel, offer_channel(fd.get(), *this, deadline));
   RDMABUF_ASSIGN_OR_RETURN(auto impl, EndpointImpl::create(*this, std::move(fd), std::move(channel),
-                                                           where.to_string(), peer_id));
+                                                           where.to_string(), mine, theirs));
   return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
 }
 

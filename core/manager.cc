@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/op_text.h"
 #include "common/strings.h"
+#include "common/wire.h"
 #include "core/backend_table.h"
 #include "core/deadline_watcher.h"
 #include "core/listener.h"
@@ -33,7 +34,7 @@ bool is_wildcard(const std::string& host) {
 
 }  // namespace
 
-class ManagerImpl final : public OpRouter {
+class ManagerImpl final : public OpRouter, public NoticeSink {
  public:
   static Result<std::unique_ptr<ManagerImpl>> create(const Config& config);
   ~ManagerImpl() { shutdown(); }
@@ -47,8 +48,15 @@ class ManagerImpl final : public OpRouter {
   // A buffer counts until its release has returned (every backend let go).
   size_t registered_count() const { return registry_.size() + releasing_.load(); }
   Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
-                  std::function<void()> on_done);
+                  std::function<void()> on_done) {
+    return Transfer(start(std::move(ops), timeout, std::move(on_done), nullptr));
+  }
+  // Starts `ops` as submit() does; each write carries `notice` (when not
+  // null) to the backend that runs it.
+  std::shared_ptr<TransferState> start(std::vector<Op> ops, std::chrono::milliseconds timeout,
+                                       std::function<void()> on_done, const WriteNotice* notice);
   void shutdown();
+  Status deliver(uint64_t writer, const NoticeRecord& notice) override;
   void reroute(const std::shared_ptr<TransferState>& transfer, std::span<const uint32_t> ops,
                std::string_view from, const Status& why) override;
 
@@ -91,6 +99,7 @@ class ManagerImpl final : public OpRouter {
  public:
   // Shared by this manager's endpoints.
   NotificationQueue notifications_;
+  NoticeRoutes notice_routes_;
   LendBudget lend_budget_{config_.lend_limit};
 };
 
@@ -132,7 +141,7 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::create(const Config& config) {
   m->identity_.host_id = this_host_id();
   m->identity_.pid = static_cast<uint32_t>(getpid());
 
-  BackendEnv env{config, m->identity_, &m->registry_, m.get()};
+  BackendEnv env{config, m->identity_, &m->registry_, m.get(), m.get()};
   for (const BackendFactory& f : backend_factories()) {
     Slot slot{&f, nullptr, ""};
     bool enabled = config.backends.empty();
@@ -381,11 +390,16 @@ void ManagerImpl::log_note_once(const RemoteBuffer& remote, std::string_view bac
                    ", not a better transport the owner offers: " + note);
 }
 
-Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
-                             std::function<void()> on_done) {
+std::shared_ptr<TransferState> ManagerImpl::start(std::vector<Op> ops,
+                                                  std::chrono::milliseconds timeout,
+                                                  std::function<void()> on_done,
+                                                  const WriteNotice* notice) {
   // The state fixes its deadline `timeout` from now, saturating: a huge
   // timeout means no deadline, not an overflow.
   auto state = std::make_shared<TransferState>(std::move(ops), timeout, config_.busy_poll);
+  for (size_t i = 0; notice && i < state->op_count(); ++i) {
+    if (state->op(i).kind == OpKind::kWriteFromLocal) state->set_notice(i, *notice);
+  }
   if (on_done) {
     // Watch the deadline, and stop watching once finished. The watcher
     // holds the transfer weakly: dropping every Transfer handle still
@@ -402,7 +416,7 @@ Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds time
     for (size_t i = 0; i < state->op_count(); ++i) {
       state->fail_op(i, FailedPrecondition("the manager is shut down"));
     }
-    return Transfer(state);
+    return state;
   }
   // Usually every op goes to one backend; keep that path allocation-light.
   std::vector<std::vector<uint32_t>> per_slot(slots_.size());
@@ -437,7 +451,23 @@ Transfer ManagerImpl::submit(std::vector<Op> ops, std::chrono::milliseconds time
     per_slot[route.slot].push_back(static_cast<uint32_t>(i));
   }
   dispatch(state, per_slot);
-  return Transfer(state);
+  return state;
+}
+
+Status ManagerImpl::deliver(uint64_t writer, const NoticeRecord& notice) {
+  // The writer proves it holds a handle to the buffer (its token), and the
+  // range must lie within it; the endpoint then checks that the writer is
+  // its peer.
+  auto pinned = registry_.pin(notice.buffer_id, notice.token, nullptr);
+  if (!pinned.ok()) return pinned.status();
+  if (notice.length == 0 || !range_fits(notice.offset, notice.length, pinned->size())) {
+    return InvalidArgument("a notice names bytes " + std::to_string(notice.offset) + "+" +
+                           std::to_string(notice.length) + " of buffer " +
+                           std::to_string(notice.buffer_id) + " (" +
+                           std::to_string(pinned->size()) + " B)");
+  }
+  pinned->reset();
+  return notice_routes_.deliver(writer, notice);
 }
 
 void ManagerImpl::reroute(const std::shared_ptr<TransferState>& transfer,
@@ -570,6 +600,21 @@ void Manager::set_notification_handler(std::function<void(const Notification&)> 
 
 NotificationQueue& Manager::notifications() {
   return impl_->notifications_;
+}
+
+NoticeRoutes& Manager::notice_routes() {
+  return impl_->notice_routes_;
+}
+
+Status Manager::write_noticed(const RemoteBuffer& dst, const LocalMemory& src,
+                              const WriteNotice& notice, std::chrono::milliseconds timeout,
+                              bool& notice_sent) {
+  std::vector<Op> ops;
+  ops.push_back(Op::write(dst, src));
+  auto state = impl_->start(std::move(ops), timeout, nullptr, &notice);
+  Status done = Transfer(state).wait();
+  notice_sent = state->notice_sent(0);
+  return done;
 }
 
 LendBudget& Manager::lend_budget() {

@@ -2,6 +2,23 @@
 
 namespace rdmabuf {
 
+void NoticeRoutes::add(uint64_t key, NoticeTaker* taker) {
+  std::lock_guard lock(mu_);
+  takers_[key] = taker;
+}
+
+void NoticeRoutes::remove(uint64_t key) {
+  std::lock_guard lock(mu_);  // a delivery under way holds it
+  takers_.erase(key);
+}
+
+Status NoticeRoutes::deliver(uint64_t writer, const NoticeRecord& notice) {
+  std::lock_guard lock(mu_);
+  auto it = takers_.find(notice.endpoint_key);
+  if (it == takers_.end()) return NotFound("no endpoint here has the notice's key (closed?)");
+  return it->second->take_notice(writer, notice);
+}
+
 bool NotificationQueue::push(const Notification& n, const std::function<bool()>& give_up) {
   std::unique_lock lock(mu_);
   while (!closed_ && !handler_ && queue_.size() >= kCapacity) {

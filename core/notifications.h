@@ -1,6 +1,7 @@
 // Manager-wide state the endpoints share (core/endpoint.cc): the queue of
-// notifications of tagged writes that landed in this manager's memory, and
-// the budget of memory lent to peers.
+// notifications of tagged writes that landed in this manager's memory, the
+// endpoints that notices from the backends go to, and the budget of memory
+// lent to peers.
 #pragma once
 
 #include <atomic>
@@ -10,7 +11,9 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <unordered_map>
 
+#include "rdmabuf/backend.h"
 #include "rdmabuf/endpoint.h"
 #include "rdmabuf/status.h"
 #include "rdmabuf/transfer.h"
@@ -42,6 +45,33 @@ class NotificationQueue {
   std::deque<Notification> queue_;
   std::function<void(const Notification&)> handler_;
   bool closed_ = false;
+};
+
+// What NoticeRoutes hands a notice to: an endpoint (core/endpoint.cc).
+class NoticeTaker {
+ public:
+  // As NoticeSink::deliver, for a notice whose buffer, token and range the
+  // manager checked already. Never blocks.
+  virtual Status take_notice(uint64_t writer, const NoticeRecord& notice) = 0;
+
+ protected:
+  ~NoticeTaker() = default;
+};
+
+// This manager's endpoints by their notice keys (WriteNotice::endpoint_key),
+// for the notices the backends read (NoticeSink). Thread-safe.
+class NoticeRoutes {
+ public:
+  void add(uint64_t key, NoticeTaker* taker);
+  // Returns once no delivery to `key` is under way; none starts after.
+  void remove(uint64_t key);
+  // kNotFound when no endpoint has `notice.endpoint_key` (closed, or never
+  // was); else what the endpoint said.
+  Status deliver(uint64_t writer, const NoticeRecord& notice);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint64_t, NoticeTaker*> takers_;
 };
 
 // Bytes lent to peers at once, against Config::lend_limit.

@@ -324,9 +324,7 @@ void write_endpoint_handshakes(CorpusWriter& out) {
       all.insert(all.end(), f.begin(), f.end());
     return all;
   };
-  const std::vector<uint8_t> hello = raw_frame(
-      RawFrame::kHello,
-      RawPayload().u32(RawEndpointPeer::kMagic).u16(RawEndpointPeer::kVersion).u64(0x5eed));
+  const std::vector<uint8_t> hello = RawEndpointPeer::hello(0x5eed);
   auto offer = [](uint8_t rdma) {
     return raw_frame(RawFrame::kChannelOffer,
                      RawPayload().u8(0).blob("no rings").u8(rdma).blob(rdma ? "" : "no NIC"));

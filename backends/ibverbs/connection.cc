@@ -109,6 +109,7 @@ void Connection::untouch(TransferState* t) {
 void Connection::finish_posted(Posted& p, const Status& status) {
   // The NIC is done with this memory: the completion (or the drain) says so.
   untouch(p.chunk.transfer.get());
+  if (p.chunk.notice && status.ok()) p.chunk.transfer->mark_notice_sent(p.chunk.op);
   complete(p.chunk, status);
   p.region.reset();
 }
@@ -190,7 +191,9 @@ void Connection::connect() {
   const Deadline deadline = Clock::now() + kConnectBudget;
   const std::string where = context_.owner_address.to_string();
   auto attempt = [&]() -> Status {
-    RDMABUF_ASSIGN_OR_RETURN(auto qp, QueuePair::create(*context_.device, kDepth));
+    QueuePair::Shape shape{kDepth};
+    shape.inline_bytes = kNoticeBytes;  // a notice goes in its work request where the NIC allows
+    RDMABUF_ASSIGN_OR_RETURN(auto qp, QueuePair::create(*context_.device, shape));
     RDMABUF_ASSIGN_OR_RETURN(Fd fd,
                              connect_tcp(context_.owner_address, deadline, context_.stop_fd));
     Hello hello{Channel::kIbverbs, context_.self_id, context_.owner_id};
@@ -287,7 +290,12 @@ bool Connection::post() {
       progressed = true;
       continue;
     }
-    auto region = context_.registrations->acquire(t->op(c.op).local, c.local, c.length);
+    ibv_sge& sge = sges[n];
+    ibv_send_wr& wr = wrs[n];
+    wr = {};
+    wr.wr_id = next_wr_;
+    auto region = c.notice ? build_notice(c, wr, sge)
+                           : context_.registrations->acquire(t->op(c.op).local, c.local, c.length);
     if (!region.ok()) {
       complete(c, region.status());
       pending_.pop_front();
@@ -300,19 +308,18 @@ bool Connection::post() {
       progressed = true;
       continue;
     }
-    ibv_sge& sge = sges[n];
-    sge.addr = reinterpret_cast<uint64_t>(c.local);
-    sge.length = c.length;
-    sge.lkey = (*region)->lkey();
-    ibv_send_wr& wr = wrs[n];
-    wr = {};
-    wr.wr_id = next_wr_++;
+    ++next_wr_;
+    if (!c.notice) {
+      sge.addr = reinterpret_cast<uint64_t>(c.local);
+      sge.length = c.length;
+      sge.lkey = (*region)->lkey();
+      wr.opcode = c.kind == OpKind::kReadIntoLocal ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+      wr.wr.rdma.remote_addr = c.remote_addr;
+      wr.wr.rdma.rkey = c.rkey;
+    }
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.opcode = c.kind == OpKind::kReadIntoLocal ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-    wr.send_flags = wr.wr_id % kSignalEvery == 0 ? IBV_SEND_SIGNALED : 0;
-    wr.wr.rdma.remote_addr = c.remote_addr;
-    wr.wr.rdma.rkey = c.rkey;
+    if (wr.wr_id % kSignalEvery == 0) wr.send_flags |= IBV_SEND_SIGNALED;
     if (n > 0) wrs[n - 1].next = &wr;
     posted_.push_back(Posted{std::move(c), std::move(region).value(), wr.wr_id,
                              (wr.send_flags & IBV_SEND_SIGNALED) != 0});
@@ -342,6 +349,34 @@ bool Connection::post() {
   }
   if (!control_failure.ok()) reset(0, control_failure);
   return true;
+}
+
+Result<std::shared_ptr<MemoryRegion>> Connection::build_notice(const Chunk& chunk, ibv_send_wr& wr,
+                                                               ibv_sge& sge) {
+  if (!notice_region_) {
+    const size_t bytes = size_t{kDepth} * kNoticeBytes;
+    notice_slots_ = std::make_unique<uint8_t[]>(bytes);
+    RDMABUF_ASSIGN_OR_RETURN(notice_region_, register_range(*context_.device, notice_slots_.get(),
+                                                            bytes, IBV_ACCESS_LOCAL_WRITE));
+  }
+  const TransferState& t = *chunk.transfer;
+  const RemoteBuffer& remote = t.op(chunk.op).remote;
+  NoticeRecord record;
+  record.tag = t.notice(chunk.op)->tag;
+  record.endpoint_key = t.notice(chunk.op)->endpoint_key;
+  record.buffer_id = remote.id();
+  record.offset = remote.offset();
+  record.length = t.op(chunk.op).bytes();
+  record.token = remote.token();
+  const std::array<uint8_t, kNoticeBytes> bytes = encode_notice(record);
+  uint8_t* slot = notice_slots_.get() + (wr.wr_id % qp_->depth()) * kNoticeBytes;
+  std::copy(bytes.begin(), bytes.end(), slot);
+  sge.addr = reinterpret_cast<uint64_t>(slot);
+  sge.length = static_cast<uint32_t>(kNoticeBytes);
+  sge.lkey = notice_region_->lkey();
+  wr.opcode = IBV_WR_SEND;
+  if (qp_->inline_bytes() >= kNoticeBytes) wr.send_flags |= IBV_SEND_INLINE;
+  return notice_region_;
 }
 
 bool Connection::poll() {
@@ -634,33 +669,58 @@ void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
     if (p.wr_id == failed && failed_wc != IBV_WC_SUCCESS) cause = explain(failed_wc, p.chunk);
   }
   if (failed_transfer) RDMABUF_LOG_INFO("ibverbs: work request failed: " + cause.to_string());
-  auto of_failed_op = [&](const Chunk& c) {
-    return failed_transfer && c.transfer == failed_transfer && c.op == failed_op;
-  };
   control_.reset();
   asked_.clear();
   answer_have_ = 0;
   watched_wr_ = 0;
   stall_asked_ = false;
-  // Complete what was posted: the failed op with the cause, cancelled
-  // transfers as cancelled; the others go again, in order, on a new pair:
-  // always after a request that failed for a reason of its own or another
+  // The ops that fail here, each as a whole: the failed request's, with the
+  // cause; one whose notice was posted and had not completed (it may have
+  // reached the owner, and its bytes must not land again after it); and
+  // one with a request flushed for the second time by a failure nobody can
+  // be blamed for. The others go again, in order, on a new pair: always
+  // after a request that failed for a reason of its own or another
   // transfer's cancellation, once for a failure nobody can be blamed for.
+  // Cancelled transfers complete as cancelled.
   const bool for_cancellation = cause.code() == StatusCode::kCancelled;
   const bool blamed = failed_transfer != nullptr;
+  struct FailedOp {
+    const TransferState* transfer;
+    uint32_t op;
+    Status why;
+  };
+  std::vector<FailedOp> failed_ops;
+  if (blamed) failed_ops.push_back({failed_transfer.get(), failed_op, cause});
+  auto why_failed = [&](const Chunk& c) -> const Status* {
+    for (const FailedOp& f : failed_ops) {
+      if (f.transfer == c.transfer.get() && f.op == c.op) return &f.why;
+    }
+    return nullptr;
+  };
+  for (const Posted& p : posted_) {
+    if (p.chunk.transfer->cancelled() || why_failed(p.chunk)) continue;
+    if (p.chunk.notice) {
+      failed_ops.push_back(
+          {p.chunk.transfer.get(), p.chunk.op,
+           Unavailable("the queue pair failed (" + cause.message() +
+                       ") with the write's notice in flight: the bytes may have landed, and "
+                       "the owner may have been told")});
+    } else if (!for_cancellation && !blamed && p.chunk.retries > 0) {
+      failed_ops.push_back({p.chunk.transfer.get(), p.chunk.op,
+                            Status(cause.code(), "queue pair failed: " + cause.message())});
+    }
+  }
   std::deque<Chunk> again;
   for (Posted& p : posted_) {
-    if (of_failed_op(p.chunk)) {
-      finish_posted(p, cause);
+    if (const Status* why = why_failed(p.chunk)) {
+      finish_posted(p, *why);
     } else if (p.chunk.transfer->cancelled()) {
       finish_posted(p, Cancelled("cancelled"));
-    } else if (for_cancellation || blamed || p.chunk.retries == 0) {
+    } else {
       if (!for_cancellation && !blamed) p.chunk.retries++;
       untouch(p.chunk.transfer.get());
       p.region.reset();
       again.push_back(std::move(p.chunk));
-    } else {
-      finish_posted(p, Status(cause.code(), "queue pair failed: " + cause.message()));
     }
   }
   posted_.clear();
@@ -672,11 +732,11 @@ void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
   parked_.clear();
   for (auto it = again.rbegin(); it != again.rend(); ++it)
     pending_.push_front(std::move(*it));
-  if (blamed) {
+  if (!failed_ops.empty()) {  // their chunks not yet posted fail with them
     std::deque<Chunk> kept;
     for (Chunk& c : pending_) {
-      if (of_failed_op(c)) {
-        complete(c, cause);
+      if (const Status* why = why_failed(c)) {
+        complete(c, *why);
       } else {
         kept.push_back(std::move(c));
       }

@@ -49,6 +49,10 @@ struct Chunk {
   // Times it was flushed by a queue pair failure it did not cause; such a
   // chunk is posted again on the next queue pair, once.
   int retries = 0;
+  // The op's notice (TransferState::notice), not its bytes: a SEND of
+  // kNoticeBytes, enqueued right after the op's last chunk of bytes, so
+  // that it reaches the owner only after they have landed.
+  bool notice = false;
 };
 
 // The queue pair is created lazily: the first chunk starts the thread, which
@@ -63,7 +67,10 @@ struct Chunk {
 // then completes the chunks: the failed one with the root cause (never the
 // flush errors that follow it), cancelled ones as cancelled, and the others
 // are posted again on a fresh queue pair. When one work request fails, its
-// whole op fails with it (its other chunks are not posted again).
+// whole op fails with it (its other chunks are not posted again). So does an
+// op whose notice was posted and had not completed: it may have reached the
+// owner, and bytes posted again after it would land after the owner was
+// told they had (Unavailable: the write and its notice may have landed).
 //
 // Before a handle's first use on a queue pair the owner confirms it (see
 // ask()): the handle's chunks wait aside, never posted, while the question
@@ -157,6 +164,11 @@ class Connection {
   // Chunks of cancelled transfers that wait for an answer complete now.
   bool drop_cancelled_parked();
   void complete(Chunk& chunk, const Status& status);
+  // Fills in the work request `wr` (its wr_id set) and `sge` that send
+  // `chunk`'s notice; the slot of wr_id holds the bytes until it completes.
+  // The registration the bytes lie in.
+  Result<std::shared_ptr<MemoryRegion>> build_notice(const Chunk& chunk, ibv_send_wr& wr,
+                                                     ibv_sge& sge);
   void finish_posted(Posted& p, const Status& status);
   bool touch(TransferState* t);
   void untouch(TransferState* t);
@@ -181,6 +193,10 @@ class Connection {
   // Transfers with work requests posted, and how many: each holds one
   // begin_touch bracket on its transfer while the NIC may use its memory.
   std::unordered_map<TransferState*, uint32_t> touching_;
+  // The notices' bytes, a slot per work request the queue pair may hold
+  // (slot wr_id % depth: posted_ never holds more), registered on first use.
+  std::unique_ptr<uint8_t[]> notice_slots_;
+  std::shared_ptr<MemoryRegion> notice_region_;
   // What the owner said of each handle used here (see answer_about()), by id.
   // Ids are never reused, so a refusal stays true; a confirmation holds until
   // the owner releases the buffer, which explain() and check_stalled() find

@@ -14,6 +14,7 @@ constexpr uint8_t kMagic[4] = {'R', 'B', 'I', 'V'};
 constexpr uint16_t kVersion = 1;
 constexpr uint32_t kMaxMessage = 1024;
 constexpr uint8_t kQueryBuffer = 1;
+constexpr uint8_t kNoticeMagic[4] = {'R', 'B', 'N', 'T'};
 
 // True when the next `size` bytes of `r` are there and all zero.
 bool zeros(WireReader& r, size_t size) {
@@ -165,6 +166,42 @@ Status send_answer(int fd, uint64_t id, StatusCode code, int stop_fd) {
     w.put<uint8_t>(0);
   w.put<uint64_t>(id);
   return send_all(fd, out, Clock::now() + std::chrono::seconds(10), stop_fd);
+}
+
+std::array<uint8_t, kNoticeBytes> encode_notice(const NoticeRecord& notice) {
+  std::vector<uint8_t> out;
+  WireWriter w(out);
+  w.bytes(kNoticeMagic, sizeof kNoticeMagic);
+  w.put<uint32_t>(notice.tag);
+  w.put<uint64_t>(notice.endpoint_key);
+  w.put<uint64_t>(notice.buffer_id);
+  w.put<uint64_t>(notice.offset);
+  w.put<uint64_t>(notice.length);
+  w.bytes(notice.token.data(), notice.token.size());
+  std::array<uint8_t, kNoticeBytes> bytes{};
+  std::copy(out.begin(), out.end(), bytes.begin());
+  return bytes;
+}
+
+Result<NoticeRecord> decode_notice(std::span<const uint8_t> bytes) {
+  if (bytes.size() != kNoticeBytes) {
+    return ProtocolError("a notice of " + std::to_string(bytes.size()) + " bytes (not " +
+                         std::to_string(kNoticeBytes) + ")");
+  }
+  WireReader r(bytes);
+  auto magic = r.view(sizeof kNoticeMagic);
+  if (!std::equal(magic.begin(), magic.end(), kNoticeMagic)) {
+    return ProtocolError("a SEND that is not a notice");
+  }
+  NoticeRecord notice;
+  notice.tag = r.get<uint32_t>();
+  notice.endpoint_key = r.get<uint64_t>();
+  notice.buffer_id = r.get<uint64_t>();
+  notice.offset = r.get<uint64_t>();
+  notice.length = r.get<uint64_t>();
+  r.bytes(notice.token.data(), notice.token.size());
+  if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed notice");
+  return notice;
 }
 
 }  // namespace rdmabuf::ibverbs

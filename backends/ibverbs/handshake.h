@@ -18,6 +18,7 @@
 #include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/queue_pair.h"
 #include "common/wire.h"
+#include "rdmabuf/backend.h"
 #include "rdmabuf/buffer.h"
 #include "rdmabuf/transfer.h"
 
@@ -62,6 +63,19 @@ struct BufferQuery {
 // reader closed the connection.
 Result<BufferQuery> read_query(int fd, int stop_fd);
 Status send_answer(int fd, uint64_t id, StatusCode code, int stop_fd);
+
+// A tagged write's notice (rdmabuf/backend.h, WriteNotice): the one SEND a
+// writer posts behind the write's WRITEs on the same queue pair, into one of
+// the receives the owner keeps posted on its side (docs/wire-format.md,
+// "Notices"). RC delivers in order, so the owner's NIC takes it only once
+// the bytes before it have landed.
+//
+//   notice (56 B):  "RBNT" | u32 tag | u64 endpoint key | u64 buffer id |
+//                   u64 offset | u64 length | u8[16] token
+constexpr size_t kNoticeBytes = 56;
+std::array<uint8_t, kNoticeBytes> encode_notice(const NoticeRecord& notice);
+// kProtocolError for any other size or magic.
+Result<NoticeRecord> decode_notice(std::span<const uint8_t> bytes);
 
 // The RDMA channel's SENDs carry, as their immediate, the low 32 bits of
 // their sender's count of receives posted (docs/wire-format.md, "The RDMA

@@ -10,6 +10,7 @@
 #include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/handshake.h"
 #include "backends/ibverbs/message_channel.h"
+#include "backends/ibverbs/responder.h"
 #include "common/hello.h"
 #include "common/log.h"
 #include "common/op_text.h"
@@ -20,10 +21,6 @@ namespace {
 
 // Connections are pruned (idle ones forgotten) when this many are known.
 constexpr size_t kPruneAt = 64;
-// How long a reader may take to ask for a queue pair.
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
-// The owner's side of a pair never posts: a shallow queue is enough.
-constexpr uint32_t kResponderDepth = 16;
 
 // The context of the handle an op names. FailedPrecondition when the owner
 // does not offer ibverbs.
@@ -51,8 +48,10 @@ class IbverbsBackend final : public Backend {
       info.details.emplace_back("device", line);
     }
     info.details.emplace_back("max message", format_bytes(env_.config.ib_max_message));
-    info.details.emplace_back("owner-side queue pairs", std::to_string(responders_.load()));
-    info.details.emplace_back("handshakes served", std::to_string(handshakes_.load()));
+    info.details.emplace_back("owner-side queue pairs", std::to_string(responders_.live.load()));
+    info.details.emplace_back("handshakes served", std::to_string(responders_.handshakes.load()));
+    info.details.emplace_back("notices taken", std::to_string(responders_.notices.load()));
+    info.details.emplace_back("notices refused", std::to_string(responders_.refused.load()));
     return info;
   }
 
@@ -116,7 +115,9 @@ class IbverbsBackend final : public Backend {
       if (batch.empty()) used.push_back(*connection);
       const uint64_t bytes = op.bytes();
       const uint64_t parts = (bytes + max - 1) / max;
-      if (parts > 1) transfer->expect_parts(i, static_cast<uint32_t>(parts));
+      const bool notice = transfer->notice(i) != nullptr && op.kind == OpKind::kWriteFromLocal;
+      const uint64_t all_parts = parts + (notice ? 1 : 0);
+      if (all_parts > 1) transfer->expect_parts(i, static_cast<uint32_t>(all_parts));
       for (uint64_t p = 0; p < parts; ++p) {
         Chunk chunk;
         chunk.transfer = transfer;
@@ -126,6 +127,15 @@ class IbverbsBackend final : public Backend {
         chunk.remote_addr = c->addr + op.remote.offset() + p * max;
         chunk.rkey = c->rkey;
         chunk.length = static_cast<uint32_t>(std::min(max, bytes - p * max));
+        batch.push_back(std::move(chunk));
+      }
+      if (notice) {  // behind the bytes, on the same queue pair
+        Chunk chunk;
+        chunk.transfer = transfer;
+        chunk.op = i;
+        chunk.kind = op.kind;
+        chunk.length = static_cast<uint32_t>(kNoticeBytes);
+        chunk.notice = true;
         batch.push_back(std::move(chunk));
       }
     }
@@ -139,54 +149,17 @@ class IbverbsBackend final : public Backend {
     return channel == static_cast<uint8_t>(Channel::kIbverbs);
   }
 
-  // Creates the owner's side of a reader's queue pair and keeps it while
-  // the reader keeps this connection; answers the reader's questions about
-  // buffers meanwhile.
-  void serve_connection(int raw_fd, uint64_t) override {
-    Fd fd(raw_fd);
-    const Deadline deadline = Clock::now() + kHandshakeTimeout;
-    auto request = read_connect(fd.get(), deadline, stop_fd_.get());
-    if (!request.ok()) {
-      RDMABUF_LOG_DEBUG("ibverbs: dropping a handshake: " + request.status().message());
-      return;
-    }
-    Status refused;
-    std::unique_ptr<QueuePair> qp;
-    if (request->device != device_->name()) {
-      refused = FailedPrecondition("this owner has no RDMA device '" + request->device +
-                                   "' (it uses " + device_->name() + ")");
-    } else {
-      auto created = QueuePair::create(*device_, kResponderDepth);
-      if (created.ok()) {
-        qp = std::move(created).value();
-        refused = qp->connect(request->endpoint);
-      } else {
-        refused = created.status();
-      }
-    }
-    Endpoint mine = qp ? qp->local() : Endpoint{};
-    if (!send_accepted(fd.get(), refused, mine, deadline, stop_fd_.get()).ok() || !refused.ok()) {
-      return;
-    }
-    handshakes_++;
-    responders_++;
-    struct Gone {
-      std::atomic<int>& count;
-      ~Gone() { count--; }
-    } gone{responders_};
-    while (!stopping_.load()) {
-      auto query = read_query(fd.get(), stop_fd_.get());
-      if (!query.ok()) break;  // the reader is done with the pair (or we stop)
-      StatusCode answer = StatusCode::kOk;
-      auto pinned = env_.resolver->pin(query->id, query->token, nullptr);
-      if (!pinned.ok()) {
-        answer = pinned.status().code();
-      } else if (pinned->size() != query->region_size) {
-        answer = StatusCode::kInvalidArgument;
-      }
-      if (!send_answer(fd.get(), query->id, answer, stop_fd_.get()).ok()) break;
-    }
-    // `qp` goes here: the reader's next work request on it fails.
+  // The owner's side of a reader's queue pair (backends/ibverbs/responder.h).
+  void serve_connection(int fd, uint64_t reader_id) override {
+    ResponderContext context;
+    context.device = device_.get();
+    context.resolver = env_.resolver;
+    context.notices = env_.notices;
+    context.reader_id = reader_id;
+    context.stopping = &stopping_;
+    context.stop_fd = stop_fd_.get();
+    context.counts = &responders_;
+    serve_responder(Fd(fd), context);
   }
 
   void shutdown() override {
@@ -241,9 +214,8 @@ class IbverbsBackend final : public Backend {
   LocalRegistrations registrations_;
   Fd stop_fd_;
   std::atomic<bool> stopping_{false};
-  // Owner side: queue pairs held for readers now, and handshakes ever served.
-  std::atomic<int> responders_{0};
-  std::atomic<uint64_t> handshakes_{0};
+  // Owner side: what the queue pairs held for readers count.
+  ResponderCounts responders_;
 
   std::mutex owned_mu_;
   std::map<uint64_t, std::shared_ptr<MemoryRegion>> owned_;  // by buffer id

@@ -49,6 +49,16 @@ struct BackendInfo {
 // The reader side: a batch of ops, shared by the manager (which created it),
 // the Transfer handle (which waits on it) and the backends (which run it).
 
+// What a tagged write (Endpoint::write) asks of the backend that carries it:
+// to tell the owner once every byte has landed. `endpoint_key` names the
+// owner's endpoint, which hands the owner the Notification; it is the
+// random key that endpoint sent in its hello, so a notice is believed only
+// from a peer that endpoint talked to.
+struct WriteNotice {
+  uint32_t tag = 0;
+  uint64_t endpoint_key = 0;
+};
+
 class TransferState {
  public:
   // The deadline is `timeout` from now (saturating, see deadline_after);
@@ -111,6 +121,24 @@ class TransferState {
   // True while no part of op `index` has been reported: another backend may
   // still take the whole op (see OpRouter).
   bool no_part_reported(size_t index) const;
+  // Asks that the owner be told once every byte of write op `index` has
+  // landed (see WriteNotice). Before the transfer is handed to a backend.
+  void set_notice(size_t index, const WriteNotice& notice);
+
+  // --- Notices (tagged writes) ------------------------------------------------
+
+  // The notice op `index` carries, or null. A backend that can send it
+  // behind the bytes in one ordered stream to the owner (ibverbs: a SEND
+  // after the WRITEs on the same queue pair, which the owner's NIC takes
+  // only once they have landed) does so and calls mark_notice_sent before
+  // it reports the op's last part; a backend that cannot ignores it, and
+  // the endpoint tells the owner itself once the write has finished.
+  const WriteNotice* notice(size_t index) const;
+  void mark_notice_sent(size_t index);
+  // Whether the backend that carried op `index` sent its notice: final once
+  // the op has finished. When the op failed, the owner may have had the
+  // notice all the same (it is sent only behind the bytes, which landed).
+  bool notice_sent(size_t index) const;
 
   // --- For Transfer -------------------------------------------------------
 
@@ -223,7 +251,7 @@ class BufferResolver {
   // Pins the whole registered buffer `id` for an access by a peer.
   // kNotFound when unknown or released (or being released);
   // kPermissionDenied when `token` does not match. Bounds are the caller's
-  // to check against PinnedRegion::size() (see check_range in wire.h).
+  // to check against PinnedRegion::size() (see range_fits in common/wire.h).
   // `abort` (may be null) is called if release() stops waiting for this pin.
   virtual Result<PinnedRegion> pin(uint64_t id, const Token& token, PinAbort* abort) = 0;
 };
@@ -246,6 +274,35 @@ class OpRouter {
   ~OpRouter() = default;
 };
 
+// The owner side of notices (WriteNotice): what a backend read from a
+// writer, after the bytes it names landed. Every field is the writer's
+// claim; the sink checks them.
+struct NoticeRecord {
+  uint32_t tag = 0;
+  uint64_t endpoint_key = 0;
+  uint64_t buffer_id = 0;
+  uint64_t offset = 0;  // within the registered buffer
+  uint64_t length = 0;
+  Token token{};  // the handle's: the writer proves it holds one
+};
+
+// Takes notices from the backends that carry them, for the endpoints.
+class NoticeSink {
+ public:
+  // Hands `notice`, read from the manager `writer` (the id its hello
+  // claimed), to the endpoint it names. OK: taken. kResourceExhausted: that
+  // endpoint has no room for it now; the backend keeps it, and the ones
+  // after it, in order, holds back the writer meanwhile (ibverbs: posts no
+  // receive for more), and offers it again later. Any other code: refused
+  // (no such endpoint, not that peer's, a token or range that does not
+  // match the buffer); the backend drops it, and the status says why.
+  // Thread-safe; never blocks.
+  virtual Status deliver(uint64_t writer, const NoticeRecord& notice) = 0;
+
+ protected:
+  ~NoticeSink() = default;
+};
+
 struct BackendEnv {
   Config config;
   PeerIdentity self;
@@ -253,6 +310,9 @@ struct BackendEnv {
   BufferResolver* resolver = nullptr;
   // Hands ops on to another backend; outlives the backend.
   OpRouter* router = nullptr;
+  // Takes the notices this backend reads (may be null: none are taken);
+  // outlives the backend.
+  NoticeSink* notices = nullptr;
 };
 
 // ---------------------------------------------------------------------------

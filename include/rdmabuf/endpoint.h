@@ -229,9 +229,14 @@ class Endpoint {
 
   // A one-sided write of `src` into `dst` (a buffer of the peer's manager)
   // that carries `tag`: once the bytes have landed, the peer's manager gets
-  // a Notification. The op's status: kInvalidArgument when `dst` is not the
-  // peer's; the write's own errors; kUnavailable when the endpoint broke
-  // before the notification was sent.
+  // a Notification. Over ibverbs the notice follows the bytes on the same
+  // queue pair (the owner hears of them one way after they landed); over
+  // the other transports a frame follows the finished write. The op's
+  // status: kInvalidArgument when `dst` is not the peer's; the write's own
+  // errors; kUnavailable when the endpoint broke before the notification
+  // was sent, or when the queue pair failed with the notice in flight
+  // (the bytes, and the notification, may then have landed). OK: the
+  // notification was sent (over ibverbs, the owner's NIC took it).
   Status write(const RemoteBuffer& dst, const LocalMemory& src, uint32_t tag,
                std::chrono::milliseconds timeout);
 

@@ -26,6 +26,7 @@ class EndpointImpl;
 class EndpointListener;
 class LendBudget;
 class NotificationQueue;
+class NoticeRoutes;
 struct Notification;
 
 // Thread safety: every method may be called from any thread, concurrently.
@@ -125,6 +126,12 @@ class Manager {
   friend class EndpointImpl;
   explicit Manager(std::unique_ptr<ManagerImpl> impl);
   NotificationQueue& notifications();
+  NoticeRoutes& notice_routes();
+  // write_from() for Endpoint::write: the write carries `notice`, and
+  // `notice_sent` says whether the backend that ran it sent it (see
+  // TransferState::notice_sent; set whatever the status).
+  Status write_noticed(const RemoteBuffer& dst, const LocalMemory& src, const WriteNotice& notice,
+                       std::chrono::milliseconds timeout, bool& notice_sent);
   LendBudget& lend_budget();
   // A message channel for an endpoint: from the best RDMA backend that
   // offers one, or why none did.

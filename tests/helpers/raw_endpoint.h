@@ -95,7 +95,13 @@ inline uint64_t read_u64_le(std::span<const uint8_t> bytes, size_t at) {
 class RawEndpointPeer {
  public:
   static constexpr uint32_t kMagic = 0x50454252;
-  static constexpr uint16_t kVersion = 4;
+  static constexpr uint16_t kVersion = 5;
+  // The notice key a raw peer's hello gives (docs/wire-format.md, hello).
+  static constexpr uint64_t kNoticeKey = 0x6b65795f6b6579;
+  static std::vector<uint8_t> hello(uint64_t manager_id) {
+    return raw_frame(RawFrame::kHello,
+                     RawPayload().u32(kMagic).u16(kVersion).u64(manager_id).u64(kNoticeKey));
+  }
 
   // Connects to `address` and sends the hello and a channel offer that
   // declines shared memory and RDMA. The real side's answers are read by finish()
@@ -116,10 +122,7 @@ class RawEndpointPeer {
     if (!fd.ok()) return std::nullopt;
     return RawEndpointPeer(std::move(fd).value());
   }
-  bool send_hello(uint64_t manager_id) {
-    return send(
-        raw_frame(RawFrame::kHello, RawPayload().u32(kMagic).u16(kVersion).u64(manager_id)));
-  }
+  bool send_hello(uint64_t manager_id) { return send(hello(manager_id)); }
   bool send_offer() {
     return send(
         raw_frame(RawFrame::kChannelOffer,
@@ -131,9 +134,10 @@ class RawEndpointPeer {
   bool finish(std::chrono::milliseconds timeout) {
     RawFrame type{};
     std::vector<uint8_t> payload;
-    if (!read_frame(type, payload, timeout) || type != RawFrame::kHello || payload.size() != 14) {
+    if (!read_frame(type, payload, timeout) || type != RawFrame::kHello || payload.size() != 22) {
       return false;
     }
+    peer_notice_key_ = read_u64_le(payload, 14);
     return read_frame(type, payload, timeout) && type == RawFrame::kChannelAnswer &&
            payload.size() >= 7 && payload[0] == 0;
   }
@@ -178,9 +182,13 @@ class RawEndpointPeer {
   // Gone: the real side's writes from now on fail.
   void close() { fd_.reset(); }
 
+  // The notice key of the real side's endpoint, from its hello (finish()).
+  uint64_t peer_notice_key() const { return peer_notice_key_; }
+
  private:
   explicit RawEndpointPeer(Fd fd) : fd_(std::move(fd)) {}
   Fd fd_;
+  uint64_t peer_notice_key_ = 0;
 };
 
 }  // namespace rdmabuf::testing

@@ -379,7 +379,7 @@ TEST(EndpointListenerTest, ConnectionsThatFailTheHandshakeAreDroppedAndThePeerBe
     ended = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
   }
   EXPECT_TRUE(ended) << "the silent connection was not dropped";
-  EXPECT_EQ(came, 5u + 14u) << "not just the listener's hello";
+  EXPECT_EQ(came, 5u + 22u) << "not just the listener's hello";
   EXPECT_EQ(dropping.get().status().code(), StatusCode::kDeadlineExceeded);
 }
 

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/helpers/backend_detail.h"
 #include "tests/helpers/forge.h"
 #include "tests/helpers/sanitizer.h"
 #include "tests/integration/integration.h"
@@ -103,13 +104,7 @@ std::string ib_detail(TestPeer& peer, const std::string& key) {
 }
 
 std::string ib_detail(const Manager& m, const std::string& key) {
-  for (const BackendInfo& info : m.backends()) {
-    if (info.name != "ibverbs") continue;
-    for (const auto& [name, value] : info.details) {
-      if (name == key) return value;
-    }
-  }
-  return "<no detail '" + key + "'>";
+  return backend_detail(m, "ibverbs", key);
 }
 
 // Polls `get` until it returns `want` or `timeout` passes; the last value.

@@ -1,7 +1,8 @@
 // The ibverbs backend's control frames (backends/ibverbs/handshake.h): each
 // frame its sender writes decodes to what was sent, and the decoders refuse
-// every byte docs/wire-format.md says must be zero; and the RDMA channel's
-// counts carried as immediates widen forward only. Built only with the
+// every byte docs/wire-format.md says must be zero; a tagged write's notice
+// decodes only at its size and magic; and the RDMA channel's counts carried
+// as immediates widen forward only. Built only with the
 // verbs header (an endpoint carries an ibv_gid).
 #include <sys/socket.h>
 
@@ -155,6 +156,45 @@ TEST(IbverbsHandshakeTest, AnswerRefusesReservedBytes) {
 // A channel SEND's immediate (the low 32 bits of a posted-receives count)
 // widens to the count it stands for, across the 32-bit wrap; one at or
 // behind the last heard, or 2^31 or more ahead of it, leaves it.
+// A tagged write's notice: what the writer encodes decodes to the same
+// record, byte for byte as docs/wire-format.md lays it out; any other size
+// or magic is refused, never read past.
+TEST(IbverbsNotice, RoundTripsAndRefusesOtherSizesAndMagic) {
+  NoticeRecord sent;
+  sent.tag = 0xfeedf00d;
+  sent.endpoint_key = 0x0123456789abcdef;
+  sent.buffer_id = 42;
+  sent.offset = 1 << 20;
+  sent.length = 4096;
+  for (size_t i = 0; i < sent.token.size(); ++i)
+    sent.token[i] = static_cast<uint8_t>(0xa0 + i);
+  const std::array<uint8_t, kNoticeBytes> bytes = encode_notice(sent);
+  EXPECT_EQ(std::string(bytes.begin(), bytes.begin() + 4), "RBNT");
+  uint32_t tag = 0;
+  std::memcpy(&tag, bytes.data() + 4, 4);
+  EXPECT_EQ(tag, sent.tag);
+  EXPECT_EQ(bytes[40], 0xa0);  // the token last
+
+  auto got = decode_notice(bytes);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->tag, sent.tag);
+  EXPECT_EQ(got->endpoint_key, sent.endpoint_key);
+  EXPECT_EQ(got->buffer_id, sent.buffer_id);
+  EXPECT_EQ(got->offset, sent.offset);
+  EXPECT_EQ(got->length, sent.length);
+  EXPECT_EQ(got->token, sent.token);
+
+  std::vector<uint8_t> longer(bytes.begin(), bytes.end());
+  longer.push_back(0);
+  EXPECT_EQ(decode_notice(longer).status().code(), StatusCode::kProtocolError);
+  EXPECT_EQ(decode_notice(std::span(bytes).first(kNoticeBytes - 1)).status().code(),
+            StatusCode::kProtocolError);
+  EXPECT_EQ(decode_notice({}).status().code(), StatusCode::kProtocolError);
+  std::array<uint8_t, kNoticeBytes> other = bytes;
+  other[3] = 'X';
+  EXPECT_EQ(decode_notice(other).status().code(), StatusCode::kProtocolError);
+}
+
 TEST(IbverbsChannelCount, ImmediatesWidenForwardOnly) {
   EXPECT_EQ(widen_posted_count(32, 40), 40u);
   EXPECT_EQ(widen_posted_count(40, 40), 40u);
