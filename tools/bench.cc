@@ -297,8 +297,12 @@ int cmd_bench(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     if (std::strcmp(argv[i], "--compare") == 0) return cmd_bench_compare(argc, argv);
     if (std::strcmp(argv[i], "--op") == 0) {
-      if (i + 1 < argc && std::strcmp(argv[i + 1], "send") == 0) return cmd_bench_send(argc, argv);
-      return fail(InvalidArgument("--op takes send (one-sided reads and writes need no --op)"));
+      if (i + 1 < argc &&
+          (std::strcmp(argv[i + 1], "send") == 0 || std::strcmp(argv[i + 1], "notify") == 0)) {
+        return cmd_bench_send(argc, argv);
+      }
+      return fail(
+          InvalidArgument("--op takes send or notify (one-sided reads and writes need no --op)"));
     }
   }
   auto parsed = parse_options(argc, argv);

@@ -25,6 +25,15 @@
 // five times from one minute to the next. Each figure is the median over
 // the rounds, and the table shows the lowest and highest of the rounds'
 // own ratios beside the ratio of the medians.
+//
+// rdmabuf bench --op notify: tagged writes (Endpoint::write) and their
+// notifications, beside a one-sided write whose receiver watches its last
+// byte: UCX's ucp_put_lat and, over ibverbs, perftest's ib_write_lat. A
+// ping-pong as theirs: this side writes `size` bytes with a tag into the
+// peer's buffer; the peer, told of it (Manager::next_notification), writes
+// as many back with the same tag; this side waits for that notification.
+// Half the round trip is the time from a write's start to its owner's
+// knowing it has landed. Latency rows only.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,6 +68,7 @@ constexpr int kWarmupTrips = 10000;
 constexpr auto kMostWarmup = std::chrono::seconds(1);
 
 struct SendOptions {
+  bool notify = false;  // --op notify: tagged writes, not messages
   std::optional<std::string> backend;
   std::vector<uint64_t> latency_sizes = {8, 4096, 65536};
   std::vector<uint64_t> sizes;
@@ -76,6 +86,7 @@ Result<SendOptions> parse_send_options(int argc, char** argv) {
                  {"json"}));
   if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
   SendOptions o;
+  o.notify = args.get("op") == "notify";
   o.backend = args.get("backend");
   RDMABUF_ASSIGN_OR_RETURN(o.sizes, args.size_list("sizes", "4K,64K,1M,4M"));
   RDMABUF_ASSIGN_OR_RETURN(int64_t iters, args.integer("iters", 10, 1, 100000));
@@ -95,29 +106,19 @@ double micros_since(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 }
 
-// Half round trips of one `size`-byte message echoed by the peer, in us,
-// timed by `clock` (one read a trip, as ucx_perftest's).
-Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int samples,
-                                      const TripClock& clock) {
-  RDMABUF_ASSIGN_OR_RETURN(LocalMemory ping, LocalMemory::allocate(size));
-  RDMABUF_ASSIGN_OR_RETURN(LocalMemory pong, LocalMemory::allocate(size));
-  std::memset(ping.data(), 'E', size);  // 'E': echo it
+// Half round trips in us of `samples` calls of `trip` (one round trip
+// each, given its number, from 0) after a warm-up, timed by `clock` (one
+// read a trip, as ucx_perftest's).
+template <typename Trip>
+Result<std::vector<double>> half_round_trips(int samples, const TripClock& clock, Trip trip) {
   std::vector<double> half_trips;
   half_trips.reserve(static_cast<size_t>(samples));
-  RDMABUF_ASSIGN_OR_RETURN(EchoReceives echoes, EchoReceives::post(endpoint, pong));
   auto start = clock.now();  // of the next trip: where the last one ended
   const auto first = start;
   const double most_warmup_us = std::chrono::duration<double, std::micro>(kMostWarmup).count();
   bool warm = false;
-  for (int i = 0; static_cast<int>(half_trips.size()) < samples; ++i) {
-    RDMABUF_RETURN_IF_ERROR(endpoint.send(ping, kTimeout));
-    RDMABUF_ASSIGN_OR_RETURN(PendingReceive echo, echoes.next());
-    RDMABUF_ASSIGN_OR_RETURN(uint64_t got, echo.wait(kTimeout));
-    if (got != size || pong.data()[0] != std::byte{'E'}) {
-      return Internal("the echo came back with " + std::to_string(got) + " bytes, not " +
-                      std::to_string(size));
-    }
-    pong.data()[0] = std::byte{0};  // so that the next echo's byte is its own
+  for (uint32_t i = 0; static_cast<int>(half_trips.size()) < samples; ++i) {
+    RDMABUF_RETURN_IF_ERROR(trip(i));
     const auto end = clock.now();
     if (warm) half_trips.push_back(clock.micros(start, end) / 2);
     if (!warm && (i + 1 >= kWarmupTrips || clock.micros(first, end) >= most_warmup_us)) {
@@ -126,6 +127,47 @@ Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int sam
     start = end;
   }
   return half_trips;
+}
+
+// Half round trips of one `size`-byte message echoed by the peer.
+Result<std::vector<double>> ping_pong(Endpoint& endpoint, uint64_t size, int samples,
+                                      const TripClock& clock) {
+  RDMABUF_ASSIGN_OR_RETURN(LocalMemory ping, LocalMemory::allocate(size));
+  RDMABUF_ASSIGN_OR_RETURN(LocalMemory pong, LocalMemory::allocate(size));
+  std::memset(ping.data(), 'E', size);  // 'E': echo it
+  RDMABUF_ASSIGN_OR_RETURN(EchoReceives echoes, EchoReceives::post(endpoint, pong));
+  return half_round_trips(samples, clock, [&](uint32_t) -> Status {
+    RDMABUF_RETURN_IF_ERROR(endpoint.send(ping, kTimeout));
+    RDMABUF_ASSIGN_OR_RETURN(PendingReceive echo, echoes.next());
+    RDMABUF_ASSIGN_OR_RETURN(uint64_t got, echo.wait(kTimeout));
+    if (got != size || pong.data()[0] != std::byte{'E'}) {
+      return Internal("the echo came back with " + std::to_string(got) + " bytes, not " +
+                      std::to_string(size));
+    }
+    pong.data()[0] = std::byte{0};  // so that the next echo's byte is its own
+    return Status::Ok();
+  });
+}
+
+// Half round trips of tagged writes of `size` bytes into `theirs`, each
+// answered by the peer's tagged write back once it was notified (the
+// peer's `rdmabuf serve --endpoint`, on an endpoint whose first message was
+// 'N' and this side's handle).
+Result<std::vector<double>> notify_ping_pong(Manager& manager, Endpoint& endpoint,
+                                             const RemoteBuffer& theirs, uint64_t size, int samples,
+                                             const TripClock& clock) {
+  RDMABUF_ASSIGN_OR_RETURN(LocalMemory data, LocalMemory::allocate(size));
+  std::memset(data.data(), 'W', size);
+  RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer into, theirs.slice(0, size));
+  return half_round_trips(samples, clock, [&](uint32_t tag) -> Status {
+    RDMABUF_RETURN_IF_ERROR(endpoint.write(into, data, tag, kTimeout));
+    RDMABUF_ASSIGN_OR_RETURN(Notification back, manager.next_notification(kTimeout));
+    if (back.tag != tag || back.length != size) {
+      return Internal("the answer to write " + std::to_string(tag) + " came with tag " +
+                      std::to_string(back.tag) + ", " + std::to_string(back.length) + " bytes");
+    }
+    return Status::Ok();
+  });
 }
 
 // GB/s of `count` messages of `size` bytes sent by one thread that keeps
@@ -246,6 +288,26 @@ MessagePeer ucx_rdma_peer(const std::optional<IbDevice>& device) {
   return peer;
 }
 
+// The peers for --op notify: the systems of message_peers(), each timing a
+// one-sided write that its receiver watches the last byte of.
+std::vector<MessagePeer> notify_peers(std::vector<MessagePeer> peers) {
+  for (MessagePeer& p : peers) {
+    if (p.program == "perftest") {
+      p.latency_test = "ib_write_lat";
+      p.note = "perftest: raw verbs RDMA WRITE, the receiver polls the last byte, no library";
+      if (p.why_not.empty() && !on_path("ib_write_lat")) {
+        p.why_not = "not found: install perftest to see it beside rdmabuf";
+      }
+    } else {
+      p.latency_test = "ucp_put_lat";
+      if (!p.note.empty()) p.note += "; ";
+      p.note += p.name + " ucp_put_lat: a put, the receiver polls its last byte";
+    }
+    p.bandwidth_test.clear();
+  }
+  return peers;
+}
+
 std::vector<MessagePeer> message_peers(const std::string& backend,
                                        const std::vector<BackendInfo>& backends) {
   if (backend == "ibverbs") {
@@ -281,6 +343,9 @@ int cmd_bench_send(int argc, char** argv) {
   if (backend.empty()) return fail(FailedPrecondition("no viable backend"));
   std::vector<MessagePeer> peer_systems;
   if (o.compare_peer) peer_systems = message_peers(backend, (*manager)->backends());
+  if (o.notify) peer_systems = notify_peers(std::move(peer_systems));
+  // --op notify times latency alone.
+  const std::vector<uint64_t> bandwidth_sizes = o.notify ? std::vector<uint64_t>{} : o.sizes;
   for (MessagePeer& p : peer_systems) {
     if (!p.why_not.empty() || !p.probe) continue;
     std::fprintf(stderr, "rdmabuf bench: a first short run of %s ...\n", p.name.c_str());
@@ -293,7 +358,7 @@ int cmd_bench_send(int argc, char** argv) {
   }
 
   uint64_t max_size = 4096;
-  for (uint64_t s : o.sizes)
+  for (uint64_t s : bandwidth_sizes)
     max_size = std::max(max_size, s);
   for (uint64_t s : o.latency_sizes)
     max_size = std::max(max_size, s);
@@ -305,11 +370,17 @@ int cmd_bench_send(int argc, char** argv) {
                            options);
   if (!peer.ok()) return fail(peer.status());
   std::string address;
+  std::optional<RemoteBuffer> peer_buffer;  // what it serves: the target of tagged writes
   for (int line = 0; line < 2; ++line) {
     auto text = peer->read_line(std::chrono::seconds(30));
     if (!text.ok()) return fail(text.status().with_context("the peer process did not start"));
-    if (text->rfind("endpoint ", 0) == 0) address = text->substr(9);
+    if (text->rfind("endpoint ", 0) == 0) {
+      address = text->substr(9);
+    } else if (auto handle = RemoteBuffer::from_text(*text); handle.ok()) {
+      peer_buffer = *handle;
+    }
   }
+  if (!peer_buffer) return fail(Internal("the peer process printed no handle"));
   // Two endpoints: the peer echoes every message on an endpoint whose first
   // message starts with 'E' (the pings), and drops, unread, every message
   // on any other (the streams). On one endpoint, a ping sent right after a
@@ -321,10 +392,30 @@ int cmd_bench_send(int argc, char** argv) {
     return fail(for_bandwidth.status().with_context("connecting to the peer"));
   Endpoint& endpoint = **for_latency;
   Endpoint& sink = **for_bandwidth;
+  // --op notify: the peer answers tagged writes on an endpoint whose first
+  // message is 'N' and the handle of this side's buffer.
+  std::unique_ptr<Endpoint> for_notify;
+  if (o.notify) {
+    auto mine = LocalMemory::allocate(max_size);
+    if (!mine.ok()) return fail(mine.status());
+    auto handle = (*manager)->register_buffer(*mine);
+    if (!handle.ok()) return fail(handle.status());
+    auto connected = (*manager)->connect(address, kTimeout);
+    if (!connected.ok()) return fail(connected.status().with_context("connecting to the peer"));
+    std::vector<uint8_t> hello = handle->to_bytes();
+    hello.insert(hello.begin(), 'N');
+    auto bytes = LocalMemory::allocate(hello.size());
+    if (!bytes.ok()) return fail(bytes.status());
+    std::memcpy(bytes->data(), hello.data(), hello.size());
+    Status sent = (*connected)->send(*bytes, kTimeout);
+    if (!sent.ok()) return fail(sent.with_context("sending the peer this side's handle"));
+    for_notify = std::move(connected).value();
+  }
 
   const std::string system = "rdmabuf " + backend;
+  const std::string op_name = o.notify ? "notify" : "send";
   const TripClock trip_clock;
-  Progress progress(o.rounds * static_cast<int>(o.latency_sizes.size() + o.sizes.size()) *
+  Progress progress(o.rounds * static_cast<int>(o.latency_sizes.size() + bandwidth_sizes.size()) *
                     (1 + static_cast<int>(running.size())));
   // A peer's figure at `size`: none when it failed (said on stderr; the
   // round goes on without it).
@@ -344,10 +435,12 @@ int cmd_bench_send(int argc, char** argv) {
   auto run_round = [&](std::vector<Figure>& out) -> Status {
     for (uint64_t size : o.latency_sizes) {
       progress.step("latency: " + format_bytes(size));
-      RDMABUF_ASSIGN_OR_RETURN(
-          std::vector<double> trips,
-          ping_pong(endpoint, size, std::max(1000, o.iters * 100), trip_clock));
-      Figure f = Figure::of(system, "latency", "send", size);
+      const int samples = std::max(1000, o.iters * 100);
+      RDMABUF_ASSIGN_OR_RETURN(std::vector<double> trips,
+                               o.notify ? notify_ping_pong(**manager, *for_notify, *peer_buffer,
+                                                           size, samples, trip_clock)
+                                        : ping_pong(endpoint, size, samples, trip_clock));
+      Figure f = Figure::of(system, "latency", op_name, size);
       f.note = "frames: " + endpoint.channel();
       f.p50_us = percentile(trips, 50);
       f.p99_us = percentile(trips, 99);
@@ -355,13 +448,13 @@ int cmd_bench_send(int argc, char** argv) {
       for (const MessagePeer* p : running) {
         auto u = run_peer(*p, true, size, p->latency_iterations);
         if (!u) continue;
-        Figure g = Figure::of(p->name, "latency", "send", size);
+        Figure g = Figure::of(p->name, "latency", op_name, size);
         g.p50_us = u->p50_us;
         g.note = p->latency_test + ": half a round trip";
         out.push_back(g);
       }
     }
-    for (uint64_t size : o.sizes) {
+    for (uint64_t size : bandwidth_sizes) {
       progress.step("bandwidth: " + format_bytes(size));
       const int count = static_cast<int>(std::clamp<uint64_t>((256u << 20) / size, 64, 20000));
       std::vector<double> gbps;
@@ -409,19 +502,21 @@ int cmd_bench_send(int argc, char** argv) {
   progress.finish();
   endpoint.close();
   sink.close();
+  if (for_notify) for_notify->close();
 
   const auto comparisons = compare(figures, peers);
   if (o.json) {
     RunInfo info;
-    info.command = "rdmabuf bench --op send";
+    info.command = "rdmabuf bench --op " + op_name;
     info.rounds = o.rounds;
     info.rdmabuf_reps = o.iters;
     std::fputs(render_json(info, figures, comparisons, {}).c_str(), stdout);
     return kExitOk;
   }
-  std::printf(
-      "rdmabuf bench --op send: Endpoint messages over %s (frames: %s), peer %s process %d\n\n",
-      backend.c_str(), endpoint.channel().c_str(), "local", peer->pid());
+  std::printf("rdmabuf bench --op %s: %s over %s (frames: %s), peer %s process %d\n\n",
+              op_name.c_str(),
+              o.notify ? "tagged writes and their notifications" : "Endpoint messages",
+              backend.c_str(), endpoint.channel().c_str(), "local", peer->pid());
   // Each peer's group of columns: its figure, x and x by round.
   std::printf("%-9s %-9s %14s %9s", "measure", "size", "rdmabuf", "p99");
   for (const MessagePeer* p : running)
@@ -472,11 +567,19 @@ int cmd_bench_send(int argc, char** argv) {
       names += " and " + p->name;
     }
   }
-  std::printf(
-      "\nlatency: one message, half its ping-pong round trip (as %s %s), p50 and p99;\n"
-      "bandwidth: messages sent back to back, %d posted at once by one thread, median of %d "
-      "runs;\n",
-      latency_tests.c_str(), running.size() > 1 ? "report" : "reports", o.window, o.iters);
+  if (o.notify) {
+    std::printf(
+        "\nlatency: a tagged write answered by one from the peer once it was notified, half\n"
+        "the round trip (as %s %s it for a write answered once its last byte was seen), "
+        "p50 and p99;\n",
+        latency_tests.c_str(), running.size() > 1 ? "report" : "reports");
+  } else {
+    std::printf(
+        "\nlatency: one message, half its ping-pong round trip (as %s %s), p50 and p99;\n"
+        "bandwidth: messages sent back to back, %d posted at once by one thread, median of %d "
+        "runs;\n",
+        latency_tests.c_str(), running.size() > 1 ? "report" : "reports", o.window, o.iters);
+  }
   if (!running.empty()) {
     std::printf(
         "each figure: the median of %d rounds, in each of which %s ran right after rdmabuf;\n"
@@ -494,7 +597,11 @@ int cmd_bench_send(int argc, char** argv) {
       std::printf("%s\n", p.note.c_str());
     }
   }
-  if (backend == "ibverbs") {
+  if (backend == "ibverbs" && o.notify) {
+    std::printf(
+        "rdmabuf's notices travel as SENDs behind the WRITEs on the same queue pair\n"
+        "(docs/wire-format.md, \"Notices\")\n");
+  } else if (backend == "ibverbs") {
     std::printf(
         "rdmabuf's frames travel as SENDs (messages up to 64 KiB in them, copied through\n"
         "receives kept posted), larger messages by RDMA WRITE (docs/performance.md)\n");

@@ -1,8 +1,10 @@
 // rdmabuf serve: register one buffer, print its handle, serve until killed;
-// with --endpoint, also answer endpoints (for `rdmabuf bench --op send`).
+// with --endpoint, also answer endpoints (for `rdmabuf bench --op send` and
+// `--op notify`).
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -39,10 +41,13 @@ constexpr bool kBufferPerReceive = false;
 // Accepts endpoints until stopped and serves each with a thread that keeps
 // kPosted receives of `max_message` bytes posted. The first message on an
 // endpoint says what it is for: when its first byte is 'E', every message
-// on that endpoint is sent back as it came (echoes, for latency); else
-// every message is dropped, its bytes never read (for bandwidth: later
-// messages land in the same memory meanwhile, and a byte read then would
-// race with them).
+// on that endpoint is sent back as it came (echoes, for latency); when it
+// is 'N' and a handle (RemoteBuffer::to_bytes) of the peer's, every
+// notification of a tagged write into `served` is answered by a tagged
+// write of as many bytes, with the same tag, into the front of that
+// handle's buffer (for --op notify); else every message is dropped, its
+// bytes never read (for bandwidth: later messages land in the same memory
+// meanwhile, and a byte read then would race with them).
 //
 // The receives share two buffers, taking turns (as the receives of
 // ucx_perftest's tag_bw share one): the benchmark compares transports, not
@@ -56,8 +61,12 @@ constexpr bool kBufferPerReceive = false;
 // there.
 class EndpointServer {
  public:
-  EndpointServer(std::unique_ptr<EndpointListener> listener, uint64_t max_message)
-      : listener_(std::move(listener)), max_message_(max_message) {
+  EndpointServer(Manager& manager, LocalMemory served, std::unique_ptr<EndpointListener> listener,
+                 uint64_t max_message)
+      : manager_(manager),
+        served_(std::move(served)),
+        listener_(std::move(listener)),
+        max_message_(max_message) {
     acceptor_ = std::thread([this] { accept_loop(); });
   }
   ~EndpointServer() {
@@ -125,6 +134,12 @@ class EndpointServer {
         return;  // closed (an idle day or a message too large: go on)
       }
       const LocalMemory& into = in_slot[i];
+      if (!echoes && size.ok() && *size > 0 && into.data()[0] == std::byte{'N'}) {
+        auto theirs = RemoteBuffer::from_bytes(
+            {reinterpret_cast<const uint8_t*>(into.data()) + 1, static_cast<size_t>(*size - 1)});
+        if (theirs.ok()) answer_notifications(endpoint, *theirs);
+        return;
+      }
       if (!echoes && size.ok()) echoes = *size > 0 && into.data()[0] == std::byte{'E'};
       const bool echo = size.ok() && echoes.value_or(false);
       // Only an echo needs the message as memory of its own (a copy of
@@ -148,10 +163,28 @@ class EndpointServer {
     }
   }
 
+  // Answers each notification with a tagged write back into `theirs`, until
+  // the endpoint ends or the server stops.
+  void answer_notifications(Endpoint& endpoint, const RemoteBuffer& theirs) {
+    while (!stopping_.load()) {
+      auto n = manager_.next_notification(std::chrono::milliseconds(100));
+      if (!n.ok()) {
+        if (n.status().code() == StatusCode::kDeadlineExceeded) continue;
+        return;
+      }
+      auto from = served_.slice(n->offset, n->length);
+      auto into = theirs.slice(0, n->length);
+      if (!from.ok() || !into.ok()) return;
+      if (!endpoint.write(*into, *from, n->tag, std::chrono::seconds(60)).ok()) return;
+    }
+  }
+
+  Manager& manager_;
+  const LocalMemory served_;
   std::unique_ptr<EndpointListener> listener_;
   const uint64_t max_message_;
   std::mutex mu_;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::vector<std::thread> receivers_;
   std::thread acceptor_;
@@ -191,7 +224,8 @@ int cmd_serve(int argc, char** argv) {
     auto listener = (*manager)->listen("127.0.0.1:0");
     if (!listener.ok()) return fail(listener.status());
     std::printf("endpoint %s\n", (*listener)->address().c_str());
-    endpoints = std::make_unique<EndpointServer>(std::move(listener).value(), *size);
+    endpoints =
+        std::make_unique<EndpointServer>(**manager, *memory, std::move(listener).value(), *size);
   }
   std::fflush(stdout);
   std::fprintf(stderr, "rdmabuf: serving %llu bytes (%s) as buffer %llu of %s; Ctrl-C stops\n",

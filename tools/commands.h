@@ -11,7 +11,9 @@ int cmd_bench(int argc, char** argv);
 // `rdmabuf bench --compare`: rdmabuf beside iperf3, qperf, UCX and perftest.
 int cmd_bench_compare(int argc, char** argv);
 // `rdmabuf bench --op send`: Endpoint messages beside UCX's tagged messages
-// (over ibverbs, also beside perftest's ib_send_lat / ib_send_bw).
+// (over ibverbs, also beside perftest's ib_send_lat / ib_send_bw); `--op
+// notify`: tagged writes and their notifications beside UCX's ucp_put_lat
+// (over ibverbs, also perftest's ib_write_lat).
 int cmd_bench_send(int argc, char** argv);
 int cmd_soak(int argc, char** argv);
 

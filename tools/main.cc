@@ -22,6 +22,10 @@ commands:
         [--window BYTES] [--connect HANDLE] [--peer auto|none] [--json]
                                 measure bandwidth, latency and op rate against a peer
                                 process (started here unless --connect is given)
+  bench --op send|notify [--backend NAME] [--sizes LIST] [--iters N] [--rounds N]
+        [--window N] [--peer auto|none] [--json]
+                                endpoint messages (send) or tagged writes and their
+                                notifications (notify) beside UCX (and perftest)
   soak [--seconds N] [--backend NAME] [--clients N] [--inflight N] [--max-size BYTES]
        [--buffers N] [--seed N] [--json]
                                 load one owner process from several clients over every
