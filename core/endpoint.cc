@@ -2501,35 +2501,14 @@ class EndpointImpl final : public NoticeTaker {
     deliver_notes();  // what was read before the end, while the queue has room
   }
 
-  // Queues `n` for the endpoint's thread to deliver. With `only_if_room`,
-  // false (nothing queued) when kMaxPendingNotes wait already; a frame
-  // reader checks for room before it reads a kNotify, and queues it anyway
-  // (a notice may have taken the room since).
-  bool queue_note(Notification&& n, bool only_if_room) {
-    bool first;
-    {
-      std::lock_guard lock(mu_);
-      if (only_if_room && notes_.size() >= kMaxPendingNotes) return false;
-      first = notes_.empty();
-      notes_.push_back(std::move(n));
-    }
-    if (first) signal_eventfd(wake_.get());  // the endpoint's thread delivers it
-    return true;
-  }
-
   // A notice from a backend (NoticeSink), its buffer, token and range
-  // checked by the manager: queued as a kNotify frame would be.
-  Status take_notice(uint64_t writer, const NoticeRecord& notice) override {
+  // checked by the manager: the notification a kNotify frame would give.
+  Result<Notification> notification_for(uint64_t writer, const NoticeRecord& notice) override {
     if (writer != peer_manager_id_) {
       return PermissionDenied("a notice for the endpoint to " + peer_ + " came from manager " +
                               hex_id(writer) + ", not its peer");
     }
-    Notification n{notice.tag, notice.buffer_id, notice.offset, notice.length, peer_};
-    if (!queue_note(std::move(n), true)) {
-      return ResourceExhausted("the endpoint to " + peer_ + " has " +
-                               std::to_string(kMaxPendingNotes) + " notifications to deliver");
-    }
-    return Status::Ok();
+    return Notification{notice.tag, notice.buffer_id, notice.offset, notice.length, peer_};
   }
 
   // Hands the queued notifications to the manager, oldest first; waits
@@ -2625,7 +2604,13 @@ class EndpointImpl final : public NoticeTaker {
         n.length = r.get<uint64_t>();
         n.peer = peer_;
         if (!r.ok() || r.remaining() != 0) return ProtocolError("malformed endpoint notification");
-        queue_note(std::move(n), false);  // room was checked before the frame was read
+        bool first;
+        {
+          std::lock_guard lock(mu_);
+          first = notes_.empty();
+          notes_.push_back(std::move(n));
+        }
+        if (first) signal_eventfd(wake_.get());  // the endpoint's thread delivers it
         return Status::Ok();
       }
       case Frame::kLendRequest: {

@@ -467,7 +467,11 @@ Status ManagerImpl::deliver(uint64_t writer, const NoticeRecord& notice) {
                            std::to_string(pinned->size()) + " B)");
   }
   pinned->reset();
-  return notice_routes_.deliver(writer, notice);
+  // Straight into the queue (or to the handler, on this thread), with no
+  // hop through the endpoint's thread: the NIC has already ordered it
+  // behind the bytes.
+  RDMABUF_ASSIGN_OR_RETURN(Notification n, notice_routes_.notification_for(writer, notice));
+  return notifications_.try_push(n);
 }
 
 void ManagerImpl::reroute(const std::shared_ptr<TransferState>& transfer,
@@ -591,7 +595,7 @@ void Manager::shutdown() {
 }
 
 Result<Notification> Manager::next_notification(std::chrono::milliseconds timeout) {
-  return impl_->notifications_.pop(timeout);
+  return impl_->notifications_.pop(timeout, impl_->config().busy_poll);
 }
 
 void Manager::set_notification_handler(std::function<void(const Notification&)> handler) {

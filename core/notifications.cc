@@ -1,5 +1,7 @@
 #include "core/notifications.h"
 
+#include "common/futex.h"
+
 namespace rdmabuf {
 
 void NoticeRoutes::add(uint64_t key, NoticeTaker* taker) {
@@ -12,11 +14,29 @@ void NoticeRoutes::remove(uint64_t key) {
   takers_.erase(key);
 }
 
-Status NoticeRoutes::deliver(uint64_t writer, const NoticeRecord& notice) {
+Result<Notification> NoticeRoutes::notification_for(uint64_t writer, const NoticeRecord& notice) {
   std::lock_guard lock(mu_);
   auto it = takers_.find(notice.endpoint_key);
   if (it == takers_.end()) return NotFound("no endpoint here has the notice's key (closed?)");
-  return it->second->take_notice(writer, notice);
+  return it->second->notification_for(writer, notice);
+}
+
+Status NotificationQueue::try_push(const Notification& n) {
+  std::unique_lock lock(mu_);
+  if (closed_) return FailedPrecondition("the manager is shut down");
+  if (handler_) {
+    auto handler = handler_;  // runs unlocked: it may call back into the manager
+    lock.unlock();
+    handler(n);
+    return Status::Ok();
+  }
+  if (queue_.size() >= kCapacity) {
+    return ResourceExhausted(std::to_string(kCapacity) + " notifications wait to be taken");
+  }
+  queue_.push_back(n);
+  queued_.store(queue_.size(), std::memory_order_release);
+  cv_.notify_all();
+  return Status::Ok();
 }
 
 bool NotificationQueue::push(const Notification& n, const std::function<bool()>& give_up) {
@@ -33,19 +53,26 @@ bool NotificationQueue::push(const Notification& n, const std::function<bool()>&
     return true;
   }
   queue_.push_back(n);
+  queued_.store(queue_.size(), std::memory_order_release);
   cv_.notify_all();
   return true;
 }
 
-Result<Notification> NotificationQueue::pop(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+Result<Notification> NotificationQueue::pop(std::chrono::milliseconds timeout,
+                                            std::chrono::microseconds busy_poll) {
   const Deadline deadline = Clock::now() + timeout;
+  BusyPoll spin(
+      std::min(busy_poll, std::chrono::duration_cast<std::chrono::microseconds>(timeout)));
+  while (queued_.load(std::memory_order_acquire) == 0 && spin.spin()) {
+  }
+  std::unique_lock lock(mu_);
   if (!cv_.wait_until(lock, deadline, [&] { return closed_ || !queue_.empty(); })) {
     return DeadlineExceeded("no notification came in time");
   }
   if (closed_) return FailedPrecondition("the manager is shut down");
   Notification n = std::move(queue_.front());
   queue_.pop_front();
+  queued_.store(queue_.size(), std::memory_order_relaxed);
   cv_.notify_all();  // room for a waiting producer
   return n;
 }

@@ -32,9 +32,15 @@ class NotificationQueue {
   // for room, checking `give_up` every 50 ms; false when it gave up or the
   // queue is closed (the notification is dropped then).
   bool push(const Notification& n, const std::function<bool()>& give_up);
+  // push() that never waits: kResourceExhausted (nothing queued) while the
+  // queue is full, kFailedPrecondition once closed. A handler runs on this
+  // thread.
+  Status try_push(const Notification& n);
   // The oldest notification. kDeadlineExceeded after `timeout`;
-  // kFailedPrecondition once closed.
-  Result<Notification> pop(std::chrono::milliseconds timeout);
+  // kFailedPrecondition once closed. While none is queued it looks again
+  // (yielding the CPU between looks) for `busy_poll`, then sleeps.
+  Result<Notification> pop(std::chrono::milliseconds timeout,
+                           std::chrono::microseconds busy_poll = {});
   void set_handler(std::function<void(const Notification&)> handler);
   // For shutdown: pops and pushes fail from now on, waiters wake.
   void close();
@@ -43,16 +49,19 @@ class NotificationQueue {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Notification> queue_;
+  std::atomic<size_t> queued_{0};  // queue_.size(), for a waiter that spins
   std::function<void(const Notification&)> handler_;
   bool closed_ = false;
 };
 
-// What NoticeRoutes hands a notice to: an endpoint (core/endpoint.cc).
+// What NoticeRoutes asks about a notice: an endpoint (core/endpoint.cc).
 class NoticeTaker {
  public:
-  // As NoticeSink::deliver, for a notice whose buffer, token and range the
-  // manager checked already. Never blocks.
-  virtual Status take_notice(uint64_t writer, const NoticeRecord& notice) = 0;
+  // The notification `notice` (its buffer, token and range checked by the
+  // manager) stands for, as this endpoint would have delivered it from a
+  // frame; kPermissionDenied when `writer` is not this endpoint's peer.
+  // Never blocks.
+  virtual Result<Notification> notification_for(uint64_t writer, const NoticeRecord& notice) = 0;
 
  protected:
   ~NoticeTaker() = default;
@@ -65,9 +74,10 @@ class NoticeRoutes {
   void add(uint64_t key, NoticeTaker* taker);
   // Returns once no delivery to `key` is under way; none starts after.
   void remove(uint64_t key);
+  // The notification `notice` stands for (NoticeTaker::notification_for);
   // kNotFound when no endpoint has `notice.endpoint_key` (closed, or never
-  // was); else what the endpoint said.
-  Status deliver(uint64_t writer, const NoticeRecord& notice);
+  // was).
+  Result<Notification> notification_for(uint64_t writer, const NoticeRecord& notice);
 
  private:
   std::mutex mu_;

@@ -42,9 +42,9 @@ struct ResponderContext {
 // side of the pair. Each goes to the sink as it completes; one the sink has
 // no room for now is kept, with those after it, in order, and offered
 // again every few milliseconds; their receives are posted again only once
-// the sink took them, so a reader that outruns the owner's endpoint is held
-// back by its NIC (receiver not ready, retried without end), and no notice
-// is lost. A malformed one is dropped, counted and logged (once a pair);
+// the sink took them, so a reader that outruns the owner's application is
+// held back by its NIC (receiver not ready, retried without end), and no
+// notice is lost. A malformed one is dropped, counted and logged (once a pair);
 // a SEND too large for a receive fails the pair, which the reader then
 // sets up again. A failed pair (so does an access the owner's NIC refused)
 // takes no more notices, but the reader's questions are still answered.

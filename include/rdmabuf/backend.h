@@ -289,14 +289,16 @@ struct NoticeRecord {
 // Takes notices from the backends that carry them, for the endpoints.
 class NoticeSink {
  public:
-  // Hands `notice`, read from the manager `writer` (the id its hello
-  // claimed), to the endpoint it names. OK: taken. kResourceExhausted: that
-  // endpoint has no room for it now; the backend keeps it, and the ones
-  // after it, in order, holds back the writer meanwhile (ibverbs: posts no
-  // receive for more), and offers it again later. Any other code: refused
-  // (no such endpoint, not that peer's, a token or range that does not
-  // match the buffer); the backend drops it, and the status says why.
-  // Thread-safe; never blocks.
+  // Delivers `notice`, read from the manager `writer` (the id its hello
+  // claimed), as the notification of the endpoint it names: into the
+  // manager's queue, or to its handler, which runs on this thread. OK:
+  // delivered. kResourceExhausted: the queue has no room now; the backend
+  // keeps it, and the ones after it, in order, holds back the writer
+  // meanwhile (ibverbs: posts no receive for more), and offers it again
+  // later. Any other code: refused (no such endpoint, not that peer's, a
+  // token or range that does not match the buffer); the backend drops it,
+  // and the status says why. Thread-safe; blocks only while the handler
+  // runs.
   virtual Status deliver(uint64_t writer, const NoticeRecord& notice) = 0;
 
  protected:

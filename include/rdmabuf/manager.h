@@ -114,7 +114,10 @@ class Manager {
   // time; kFailedPrecondition after shutdown.
   Result<Notification> next_notification(std::chrono::milliseconds timeout);
   // Hands notifications to `handler` instead of queueing them (empty: queue
-  // again). It runs on an endpoint's thread: keep it short.
+  // again). It runs on a library thread (an endpoint's, or over ibverbs the
+  // one that serves the writer's queue pair), one notification at a time
+  // per peer: keep it short; while it runs, that peer's later
+  // notifications, and its writer, wait.
   void set_notification_handler(std::function<void(const Notification&)> handler);
 
   // Stops serving and transferring: closes the listener and every

@@ -1912,10 +1912,11 @@ TEST_P(ConformanceTest, EndpointNotificationsQueueInOrderAndRefuseForeignBuffers
 // While the owner's notification handler is busy, tagged writes pile up:
 // the writer is held back rather than any notification dropped, and once
 // the handler goes on, every one comes, once, in order. Over ibverbs the
-// notices stop at the owner's endpoint (1024 queued) and at the receives
-// its side of the queue pair keeps posted (64), and then the writer's NIC
-// waits for more: its writes stall. Over the other transports the frames
-// wait in the connection, and the writer stalls only once it is full.
+// handler runs on the thread that takes the notices, which stop at the
+// receives the owner's side of the queue pair keeps posted (64); the
+// writer's NIC then waits for more: its writes stall. Over the other
+// transports the frames wait in the connection, and the writer stalls only
+// once it is full.
 TEST_P(ConformanceTest, EndpointNotificationsHoldTheWriterBackAndLoseNone) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
@@ -1946,7 +1947,7 @@ TEST_P(ConformanceTest, EndpointNotificationsHoldTheWriterBackAndLoseNone) {
   std::this_thread::sleep_for(2s);
   if (backend() == "ibverbs") {
     EXPECT_LT(written.load(), kWrites) << "the writer was not held back";
-    EXPECT_GE(written.load(), 1024u) << "the writer was held back too early";
+    EXPECT_GE(written.load(), 64u) << "the writer was held back too early";
   }
   {
     std::lock_guard lock(mu);
