@@ -300,8 +300,7 @@ std::vector<MessagePeer> notify_peers(std::vector<MessagePeer> peers) {
       }
     } else {
       p.latency_test = "ucp_put_lat";
-      if (!p.note.empty()) p.note += "; ";
-      p.note += p.name + " ucp_put_lat: a put, the receiver polls its last byte";
+      p.note = p.name + ": ucp_put_lat, a put whose receiver polls its last byte";
     }
     p.bandwidth_test.clear();
   }
