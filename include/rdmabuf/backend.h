@@ -51,9 +51,9 @@ struct BackendInfo {
 
 // What a tagged write (Endpoint::write) asks of the backend that carries it:
 // to tell the owner once every byte has landed. `endpoint_key` names the
-// owner's endpoint, which hands the owner the Notification; it is the
-// random key that endpoint sent in its hello, so a notice is believed only
-// from a peer that endpoint talked to.
+// owner's endpoint whose Notification it becomes (its peer, as a frame's
+// would have); it is the random key that endpoint sent in its hello, so a
+// notice is believed only from a peer that endpoint talked to.
 struct WriteNotice {
   uint32_t tag = 0;
   uint64_t endpoint_key = 0;
