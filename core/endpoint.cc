@@ -59,6 +59,7 @@
 #include "core/notifications.h"
 #include "core/numbered_slots.h"
 #include "core/shm_channel.h"
+#include "core/spin_stretch.h"
 #include "rdmabuf/endpoint.h"
 #include "rdmabuf/manager.h"
 
@@ -1905,10 +1906,15 @@ class EndpointImpl final : public NoticeTaker {
   // it anyway), and the function returns with `lock` held, so that a wait
   // whose message is there takes mu_ once: for the look, the role's return
   // and the caller's own look at what it waited for. False when it stopped
-  // at the deadline.
+  // at the deadline. Once a look finds nothing it spins for the busy-poll
+  // window, then keeps looking, yielding, for as long as stretch_ says the
+  // waits before needed, then sleeps on the channel.
   template <typename Pred>
   bool lead(FutexLock& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set when a look finds nothing
+    Deadline idle_since;                    // that look's time
+    Deadline yield_until;                   // spin_until and the stretch (SpinStretch)
+    bool slept = false;                     // since idle_since
     Status st;
     bool in_time = true;
     auto done = [&] { return ready() || notes_.size() >= kMaxPendingNotes; };
@@ -1931,7 +1937,12 @@ class EndpointImpl final : public NoticeTaker {
         progressed = true;
         lock.lock();
       }
-      if (!st.ok() || done()) break;
+      if (!st.ok() || done()) {
+        // A clock read only after a sleep: none between a message that came
+        // while spinning and the return (see await).
+        if (slept) stretch_.learn(Clock::now() - idle_since, true, busy_poll_);
+        break;
+      }
       if (progressed) wake_sleepers();
       lock.unlock();
       const Deadline now = Clock::now();
@@ -1941,7 +1952,9 @@ class EndpointImpl final : public NoticeTaker {
         break;
       }
       if (progressed) {
+        if (slept) stretch_.learn(now - idle_since, true, busy_poll_);
         spin_until = Deadline::min();  // spin afresh
+        slept = false;
         continue;
       }
       // Nothing came: the peer may wait for the credits held back (await).
@@ -1949,12 +1962,21 @@ class EndpointImpl final : public NoticeTaker {
         flush().ignore();  // a failure breaks the endpoint: the next pump tells
         continue;
       }
-      if (spin_until == Deadline::min()) spin_until = std::min(deadline.get(), now + busy_poll_);
+      if (spin_until == Deadline::min()) {
+        idle_since = now;
+        spin_until = std::min(deadline.get(), now + busy_poll_);
+        yield_until = std::min(deadline.get(), spin_until + stretch_.length());
+      }
       if (now < spin_until) {
         relax();
-      } else if (!sleep_on_channel(deadline.get())) {
-        lock.lock();
-        break;  // closing; other outcomes: the next pump tells
+      } else if (now < yield_until) {
+        std::this_thread::yield();  // a peer on this core runs meanwhile
+      } else {
+        slept = true;
+        if (!sleep_on_channel(deadline.get())) {
+          lock.lock();
+          break;  // closing; other outcomes: the next pump tells
+        }
       }
     }
     // The reader role's holder alone changes it: no read-modify-write.
@@ -2850,6 +2872,7 @@ class EndpointImpl final : public NoticeTaker {
 
   Manager& manager_;
   const std::chrono::microseconds busy_poll_ = manager_.config().busy_poll;
+  SpinStretch stretch_;  // the reader role's holder alone (lead)
   Fd fd_;  // the TCP connection: frames, or with ring_ doorbells (or nothing) and its end
   RingChannel ring_;           // the channel frames take, when not fd_
   const std::string channel_;  // Endpoint::channel()
