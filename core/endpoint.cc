@@ -1939,7 +1939,8 @@ class EndpointImpl final : public NoticeTaker {
       }
       if (!st.ok() || done()) {
         // A clock read only after a sleep: none between a message that came
-        // while spinning and the return (see await).
+        // while spinning and the return (see await). (Or the notifications
+        // piled up, or reading failed: rare enough to learn from alike.)
         if (slept) stretch_.learn(Clock::now() - idle_since, true, busy_poll_);
         break;
       }
@@ -1947,12 +1948,16 @@ class EndpointImpl final : public NoticeTaker {
       lock.unlock();
       const Deadline now = Clock::now();
       if (now >= deadline.get()) {
+        // The stretch was spent and nothing came: a quiet peer costs a few
+        // stretched waits, not a core (not so a deadline inside the window).
+        if (spin_until != Deadline::min() && yield_until > spin_until) stretch_.missed();
         in_time = false;
         lock.lock();
         break;
       }
       if (progressed) {
-        if (slept) stretch_.learn(now - idle_since, true, busy_poll_);
+        // Not what this caller waits for (credits, another caller's
+        // message): the stretch learns from answers alone (above).
         spin_until = Deadline::min();  // spin afresh
         slept = false;
         continue;

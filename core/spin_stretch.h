@@ -9,8 +9,9 @@
 // wait pays a sleep and a wake-up: in that VM a 4 KiB message went one way
 // in 957 µs with a 200 µs window and in 382 µs with a 5 ms one (UCX, which
 // never sleeps: 336-374). So a wait that slept and then got its answer
-// within kMostWindows windows of the start of its spin stretches the next
-// waits by that much and a quarter more; one that slept longer halves the
+// within kMostWindows windows after its busy-poll window stretches the
+// next waits by that much and a quarter more; one that slept longer, or
+// that reached its deadline with the stretch spent (missed()), halves the
 // stretch, so that a peer gone quiet costs a few stretched waits, not a
 // core. The stretch yields (sched_yield) between looks, so that a peer
 // sharing the core runs meanwhile. With the window at 0 (spinning off)
@@ -29,6 +30,10 @@ class SpinStretch {
 
   // How long to keep looking, yielding, after the busy-poll window.
   std::chrono::nanoseconds length() const { return length_; }
+
+  // A wait reached its deadline after it had spent the stretch, with
+  // nothing come: a peer gone quiet.
+  void missed() { length_ /= 2; }
 
   // A wait got what it waited for `waited` after its spin began, with
   // busy-poll window `window`, having slept on the way (`slept`) or not.
