@@ -2001,11 +2001,14 @@ TEST_P(ConformanceTest, EndpointLentMemoryIsUsableUntilItsLeaseEnds) {
   EXPECT_EQ(lease->buffer.owner().manager_id, owner_->identity().manager_id);
   EXPECT_EQ(lease->granted, 400ms);
   EXPECT_EQ(owner_->registered_count(), registered + 1);
-  ASSERT_TRUE(reader_->write_from(lease->buffer, with_pattern(64 << 10, 5)).ok());
-  // Renewed: it outlives its first lease.
-  auto renewed = borrower->renew(lease->buffer, 2s, kTimeout);
+  // Renewed at once (one round trip; the first write over a transport may
+  // take longer than the first lease where a sanitizer runs under an
+  // emulated CPU): it outlives its first lease.
+  const auto granted_at = Clock::now();
+  auto renewed = borrower->renew(lease->buffer, 3s, kTimeout);
   ASSERT_TRUE(renewed.ok()) << renewed.status().to_string();
-  std::this_thread::sleep_for(600ms);
+  ASSERT_TRUE(reader_->write_from(lease->buffer, with_pattern(64 << 10, 5)).ok());
+  std::this_thread::sleep_until(granted_at + 600ms);
   LocalMemory back = allocate(64 << 10);
   ASSERT_TRUE(reader_->read_into(lease->buffer, back).ok()) << "renewed, yet gone";
   EXPECT_FALSE(find_mismatch(back.span(), 5));
