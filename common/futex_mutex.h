@@ -104,6 +104,7 @@ class FutexLock {
  public:
   explicit FutexLock(FutexMutex& mu) : mu_(mu) { lock(); }
   FutexLock(FutexMutex& mu, std::defer_lock_t) : mu_(mu) {}
+  FutexLock(FutexMutex& mu, std::try_to_lock_t) : mu_(mu), owns_(mu.try_lock()) {}
   ~FutexLock() {
     if (owns_) mu_.unlock();
   }

@@ -793,8 +793,9 @@ class EndpointImpl final : public NoticeTaker {
   const std::string& channel() const { return channel_; }
 
   void close(const Status& why) {
-    manager_.notice_routes().remove(notice_key_);  // no notice comes in after this
+    manager_.notice_routes().remove(notice_key_);  // no notice, and no look, comes in after this
     break_with(why);
+    wait_for_looks();  // those under way end: the endpoint is broken
     {
       std::lock_guard join(join_mu_);
       if (reader_.joinable()) reader_.join();
@@ -2497,7 +2498,10 @@ class EndpointImpl final : public NoticeTaker {
         break;
       }
       if (stopping()) break;
-      if (led_lately() || !take_role()) {
+      // A waiter that looked for notifications went to sleep (looks_ended):
+      // read again now, rather than after callers have been gone a while.
+      const bool handed_back = reader_wanted_.exchange(false);
+      if ((led_lately() && !handed_back) || !take_role()) {
         look_later();
         continue;
       }
@@ -2538,9 +2542,81 @@ class EndpointImpl final : public NoticeTaker {
     return Notification{notice.tag, notice.buffer_id, notice.offset, notice.length, peer_};
   }
 
+  // NoticeTaker::look_for_notes: one look at the channel, as the reader
+  // role's holder, when the role is free and frames (or, over TCP, maybe
+  // bytes) came; then the notifications read go to the manager's queue
+  // from this thread. Never waits for mu_ or the role. Reading counts as a
+  // caller's lead: the endpoint's thread then leaves the channel to this
+  // thread's looks (led_lately) until looks_ended().
+  void look_for_notes() override {
+    {
+      FutexLock lock(mu_, std::try_to_lock);
+      if (!lock.owns_lock() || reading_ || notes_.size() >= kMaxPendingNotes || !broken_.ok())
+        return;
+      if (notes_.empty() && ring_ && !ring_.has_incoming()) return;  // (no reader: ours to ask)
+      reading_ = true;
+      reader_id_ = std::this_thread::get_id();
+      looking_ = true;
+      bool progressed = false;
+      Status st = pump(progressed, lock, Take::kAll);
+      if (!lock.owns_lock()) lock.lock();
+      looking_ = false;
+      if (progressed) {
+        looked_.store(true, std::memory_order_relaxed);
+        leads_.store(leads_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      }
+      release_role();  // and wakes the callers behind, as a lead does
+      const bool sends_to_move = st.ok() && send_work_ready();
+      lock.unlock();
+      if (!st.ok()) {
+        fail_reading(st);
+        return;
+      }
+      if (sends_to_move) progress_sends();
+      if (has_deferred_.load(std::memory_order_relaxed) && credits_due()) flush().ignore();
+    }
+    hand_over_notes();
+  }
+
+  // NoticeTaker::looks_ended: the endpoint's thread reads again, woken
+  // now, when a waiter's looks kept it away. Never blocks.
+  void looks_ended() override {
+    if (!looked_.exchange(false, std::memory_order_relaxed)) return;
+    reader_wanted_.store(true);
+    signal_eventfd(wake_.get());
+  }
+
+  // A looking waiter's (look_for_notes): hands notes_ to the manager's
+  // queue in order, without waiting; what it cannot hand over (a handler
+  // is set, the queue is full, the endpoint's thread is delivering), that
+  // thread delivers, woken.
+  void hand_over_notes() {
+    std::unique_lock delivering(deliver_mu_, std::try_to_lock);
+    if (!delivering.owns_lock()) {
+      signal_eventfd(wake_.get());  // it may have looked at notes_ before ours came
+      return;
+    }
+    while (true) {
+      Notification n;
+      {
+        std::lock_guard lock(mu_);
+        if (notes_.empty()) return;
+        n = notes_.front();
+      }
+      if (!manager_.notifications().try_queue(n)) {
+        signal_eventfd(wake_.get());
+        return;
+      }
+      std::lock_guard lock(mu_);
+      notes_.take_front();
+      wake_sleepers();  // reading may go on, if notes_ had filled
+    }
+  }
+
   // Hands the queued notifications to the manager, oldest first; waits
   // while its queue is full. False when the endpoint is closing.
   bool deliver_notes() {
+    std::lock_guard delivering(deliver_mu_);
     while (true) {
       Notification n;
       {
@@ -2637,7 +2713,9 @@ class EndpointImpl final : public NoticeTaker {
           first = notes_.empty();
           notes_.push_back(std::move(n));
         }
-        if (first) signal_eventfd(wake_.get());  // the endpoint's thread delivers it
+        // The endpoint's thread delivers it, unless a waiter that looks
+        // reads it (it hands it over itself: look_for_notes).
+        if (first && !looking_) signal_eventfd(wake_.get());
         return Status::Ok();
       }
       case Frame::kLendRequest: {
@@ -2917,16 +2995,25 @@ class EndpointImpl final : public NoticeTaker {
   // deep it is in writing them (see read_while_blocked).
   std::vector<uint8_t> held_replies_;
   int reply_depth_ = 0;
-  // For the endpoint's thread to deliver. (Its size, looked at in every
-  // wait, is a field: a deque's is a computation over its blocks.)
+  // For the endpoint's thread to deliver, or a waiter that looked
+  // (hand_over_notes). (Its size, looked at in every wait, is a field: a
+  // deque's is a computation over its blocks.)
   RingQueue<Notification> notes_;
-  RingQueue<Credit> credits_;          // the peer's receives, not yet taken
-  std::map<uint64_t, bool> in_send_;   // taken credits: withdrawn meanwhile?
-  NumberedSlots<Outgoing> sends_;      // posted sends by id, until their wait ends
-  std::deque<uint64_t> queued_sends_;  // posted sends waiting for a credit, oldest first
-  std::deque<uint64_t> send_events_;   // sends whose handle came or whose write finished
-  uint64_t next_send_ = 1;             // neither kRefused nor kAnswered, for ever
-  NumberedSlots<Receive> waiting_;     // our posted receives, by sequence number
+  // Held by whoever hands notes_ to the manager's queue, so that they go
+  // in order. Never taken under mu_.
+  std::mutex deliver_mu_;
+  // The reader role's holder is a waiter in next_notification
+  // (look_for_notes), which hands over the notifications it reads itself.
+  bool looking_ = false;
+  std::atomic<bool> looked_{false};         // such a waiter read since looks_ended()
+  std::atomic<bool> reader_wanted_{false};  // looks_ended(): the endpoint's thread reads again
+  RingQueue<Credit> credits_;               // the peer's receives, not yet taken
+  std::map<uint64_t, bool> in_send_;        // taken credits: withdrawn meanwhile?
+  NumberedSlots<Outgoing> sends_;           // posted sends by id, until their wait ends
+  std::deque<uint64_t> queued_sends_;       // posted sends waiting for a credit, oldest first
+  std::deque<uint64_t> send_events_;        // sends whose handle came or whose write finished
+  uint64_t next_send_ = 1;                  // neither kRefused nor kAnswered, for ever
+  NumberedSlots<Receive> waiting_;          // our posted receives, by sequence number
   uint64_t next_seq_ = 0;
   std::map<uint64_t, Reply> replies_;  // our requests waiting for an answer
   uint64_t next_request_ = 0;

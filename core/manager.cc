@@ -595,7 +595,7 @@ void Manager::shutdown() {
 }
 
 Result<Notification> Manager::next_notification(std::chrono::milliseconds timeout) {
-  return impl_->notifications_.pop(timeout, impl_->config().busy_poll);
+  return impl_->notifications_.pop(timeout, impl_->config().busy_poll, &impl_->notice_routes_);
 }
 
 void Manager::set_notification_handler(std::function<void(const Notification&)> handler) {

@@ -1,8 +1,16 @@
 #include "core/notifications.h"
 
+#include <thread>
+#include <vector>
+
 #include "common/futex.h"
 
 namespace rdmabuf {
+
+void NoticeTaker::wait_for_looks() const {
+  while (calls_.load() != 0)
+    std::this_thread::yield();  // a look is one pass over a channel: microseconds
+}
 
 void NoticeRoutes::add(uint64_t key, NoticeTaker* taker) {
   std::lock_guard lock(mu_);
@@ -19,6 +27,31 @@ Result<Notification> NoticeRoutes::notification_for(uint64_t writer, const Notic
   auto it = takers_.find(notice.endpoint_key);
   if (it == takers_.end()) return NotFound("no endpoint here has the notice's key (closed?)");
   return it->second->notification_for(writer, notice);
+}
+
+void NoticeRoutes::look_for_notes() {
+  // The endpoints, each counted as called (calls_) while mu_ is held, so
+  // that one removed meanwhile waits for this look before it goes.
+  thread_local std::vector<NoticeTaker*> looked;
+  {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return;  // a change or a backend's notice: look next time
+    looked.clear();
+    for (const auto& [key, taker] : takers_) {
+      taker->calls_.fetch_add(1);
+      looked.push_back(taker);
+    }
+  }
+  for (NoticeTaker* taker : looked) {
+    taker->look_for_notes();
+    taker->calls_.fetch_sub(1);
+  }
+}
+
+void NoticeRoutes::looks_ended() {
+  std::lock_guard lock(mu_);
+  for (const auto& [key, taker] : takers_)
+    taker->looks_ended();
 }
 
 Status NotificationQueue::try_push(const Notification& n) {
@@ -58,12 +91,33 @@ bool NotificationQueue::push(const Notification& n, const std::function<bool()>&
   return true;
 }
 
+bool NotificationQueue::try_queue(const Notification& n) {
+  std::lock_guard lock(mu_);
+  if (closed_ || handler_ || queue_.size() >= kCapacity) return false;
+  queue_.push_back(n);
+  queued_.store(queue_.size(), std::memory_order_release);
+  cv_.notify_all();
+  return true;
+}
+
 Result<Notification> NotificationQueue::pop(std::chrono::milliseconds timeout,
-                                            std::chrono::microseconds busy_poll) {
+                                            std::chrono::microseconds busy_poll,
+                                            NoticeRoutes* routes) {
   const Deadline deadline = Clock::now() + timeout;
   BusyPoll spin(
       std::min(busy_poll, std::chrono::duration_cast<std::chrono::microseconds>(timeout)));
-  while (queued_.load(std::memory_order_acquire) == 0 && spin.spin()) {
+  bool looked = false;
+  while (queued_.load(std::memory_order_acquire) == 0) {
+    if (routes && busy_poll.count() > 0) {
+      routes->look_for_notes();
+      looked = true;
+      if (queued_.load(std::memory_order_acquire) != 0) break;
+    }
+    if (!spin.spin()) {
+      // Asleep from here on: the endpoints' threads read for it again.
+      if (looked) routes->looks_ended();
+      break;
+    }
   }
   std::unique_lock lock(mu_);
   if (!cv_.wait_until(lock, deadline, [&] { return closed_ || !queue_.empty(); })) {

@@ -20,6 +20,8 @@
 
 namespace rdmabuf {
 
+class NoticeRoutes;
+
 // Notifications waiting for Manager::next_notification, or handed to the
 // handler set with Manager::set_notification_handler. Thread-safe.
 class NotificationQueue {
@@ -36,11 +38,20 @@ class NotificationQueue {
   // queue is full, kFailedPrecondition once closed. A handler runs on this
   // thread.
   Status try_push(const Notification& n);
+  // Queues `n` when that needs no wait and no handler: false (nothing
+  // queued) while a handler is set, the queue is full or closed. For a
+  // waiter in pop() that found `n` itself (NoticeRoutes::look_for_notes):
+  // a handler runs on an endpoint's thread, never inside such a call.
+  bool try_queue(const Notification& n);
   // The oldest notification. kDeadlineExceeded after `timeout`;
   // kFailedPrecondition once closed. While none is queued it looks again
-  // (yielding the CPU between looks) for `busy_poll`, then sleeps.
+  // (yielding the CPU between looks) for `busy_poll`, then sleeps. With
+  // `routes`, each look reads the endpoints' channels too
+  // (NoticeRoutes::look_for_notes), and a wait that sleeps hands the
+  // reading back to the endpoints' threads first (looks_ended).
   Result<Notification> pop(std::chrono::milliseconds timeout,
-                           std::chrono::microseconds busy_poll = {});
+                           std::chrono::microseconds busy_poll = {},
+                           NoticeRoutes* routes = nullptr);
   void set_handler(std::function<void(const Notification&)> handler);
   // For shutdown: pops and pushes fail from now on, waiters wake.
   void close();
@@ -62,9 +73,26 @@ class NoticeTaker {
   // frame; kPermissionDenied when `writer` is not this endpoint's peer.
   // Never blocks.
   virtual Result<Notification> notification_for(uint64_t writer, const NoticeRecord& notice) = 0;
+  // For a waiter in Manager::next_notification that spins: reads what the
+  // endpoint's channel holds, when no other thread reads it, and queues the
+  // notifications found (NotificationQueue::try_queue), so that they reach
+  // the waiter with no hand-over between threads. One look, no wait; what
+  // it cannot do, the endpoint's own thread does as before.
+  virtual void look_for_notes() = 0;
+  // The waiter stopped looking (it sleeps, or got what it waited for and
+  // left): the endpoint's own thread reads again from now on, woken by the
+  // peer's writes.
+  virtual void looks_ended() = 0;
 
  protected:
-  ~NoticeTaker() = default;
+  virtual ~NoticeTaker() = default;
+  // Returns once no NoticeRoutes call on this taker is under way; after
+  // NoticeRoutes::remove, none starts. For its owner's close.
+  void wait_for_looks() const;
+
+ private:
+  friend class NoticeRoutes;
+  std::atomic<int> calls_{0};  // NoticeRoutes' calls under way without its lock
 };
 
 // This manager's endpoints by their notice keys (WriteNotice::endpoint_key),
@@ -78,6 +106,15 @@ class NoticeRoutes {
   // kNotFound when no endpoint has `notice.endpoint_key` (closed, or never
   // was).
   Result<Notification> notification_for(uint64_t writer, const NoticeRecord& notice);
+  // NoticeTaker::look_for_notes on every endpoint, for a waiter that spins
+  // (Manager::next_notification); nothing while another thread adds or
+  // removes one. The looks run without this class's lock, so that a look
+  // that waits (a reply written into a full channel) holds up no delivery
+  // and no close; a closing endpoint waits for them (wait_for_looks).
+  void look_for_notes();
+  // NoticeTaker::looks_ended on every endpoint: the waiter is done
+  // looking. Waits for mu_.
+  void looks_ended();
 
  private:
   std::mutex mu_;

@@ -111,7 +111,11 @@ class Manager {
 
   // The next Notification of a tagged write (Endpoint::write) into this
   // manager's memory, oldest first. kDeadlineExceeded when none came in
-  // time; kFailedPrecondition after shutdown.
+  // time; kFailedPrecondition after shutdown. While none is queued it
+  // spins for Config::busy_poll, reading the endpoints' channels itself
+  // when no other thread does (the notification frames of writes over
+  // memory and TCP reach it with no hand-over between threads), then
+  // sleeps while the endpoints' threads read.
   Result<Notification> next_notification(std::chrono::milliseconds timeout);
   // Hands notifications to `handler` instead of queueing them (empty: queue
   // again). It runs on a library thread (an endpoint's, or over ibverbs the

@@ -1909,6 +1909,134 @@ TEST_P(ConformanceTest, EndpointNotificationsQueueInOrderAndRefuseForeignBuffers
             StatusCode::kInvalidArgument);
 }
 
+// A waiter in next_notification that spins reads the endpoints' channels
+// itself (NoticeTaker::look_for_notes), and hands the reading back to the
+// endpoints' threads when it goes to sleep. Either way every notification
+// comes once, in order: in a ping-pong of tagged writes (the waiter finds
+// each), and after pauses past the busy-poll window (it sleeps, and the
+// endpoint's thread reads), with a message stream through the same
+// endpoint meanwhile (frames the look takes for a caller's receives).
+TEST_P(ConformanceTest, EndpointNotificationsFoundByALookingWaiterComeOnceInOrder) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  Owned target = own(4096, 0);
+  const LocalMemory message = with_pattern(64, 7);
+  uint32_t tag = 0;
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    // Back to back: the waiter spins throughout and finds them.
+    for (int i = 0; i < 100; ++i) {
+      ++tag;
+      ASSERT_TRUE(
+          sender->write(slice(target.handle, 0, 64), with_pattern(64, tag), tag, kTimeout).ok());
+      auto n = owner_->next_notification(kTimeout);
+      ASSERT_TRUE(n.ok()) << n.status().to_string();
+      ASSERT_EQ(n->tag, tag);
+    }
+    // A message through the same endpoint, read by a look or its receive.
+    LocalMemory into = allocate(64);
+    auto posted = receiver->post_receive(into);
+    ASSERT_TRUE(posted.ok()) << posted.status().to_string();
+    ASSERT_TRUE(sender->send(message, kTimeout).ok());
+    // The waiter sleeps (past the busy-poll window), then a few come at once.
+    auto waiting =
+        std::async(std::launch::async, [&] { return owner_->next_notification(kTimeout); });
+    std::this_thread::sleep_for(5ms);
+    for (int i = 1; i <= 3; ++i) {
+      ASSERT_TRUE(
+          sender->write(slice(target.handle, 0, 64), with_pattern(64, tag + i), tag + i, kTimeout)
+              .ok());
+    }
+    for (int i = 1; i <= 3; ++i) {
+      auto n = i == 1 ? waiting.get() : owner_->next_notification(kTimeout);
+      ASSERT_TRUE(n.ok()) << n.status().to_string();
+      ASSERT_EQ(n->tag, tag + i);
+    }
+    tag += 3;
+    auto size = posted->wait(kTimeout);
+    ASSERT_TRUE(size.ok()) << size.status().to_string();
+    EXPECT_EQ(*size, 64u);
+    EXPECT_EQ(find_mismatch(into.span(), 7), std::nullopt);
+  }
+  EXPECT_EQ(owner_->next_notification(50ms).status().code(), StatusCode::kDeadlineExceeded);
+}
+
+// A handler runs on an endpoint's thread (or a backend's), never inside a
+// caller's call: not in a next_notification that spins and reads the
+// channel meanwhile.
+TEST_P(ConformanceTest, EndpointNotificationHandlerNeverRunsInALookingWaitersCall) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  Owned target = own(4096, 0);
+  std::mutex mu;
+  std::vector<std::thread::id> ran_on;
+  owner_->set_notification_handler([&](const Notification&) {
+    std::lock_guard lock(mu);
+    ran_on.push_back(std::this_thread::get_id());
+  });
+  std::atomic<bool> stop{false};
+  std::thread::id waiter_id;
+  std::thread waiter([&] {
+    waiter_id = std::this_thread::get_id();
+    while (!stop.load()) {
+      // The handler takes them all: each wait ends at its deadline.
+      EXPECT_EQ(owner_->next_notification(1ms).status().code(), StatusCode::kDeadlineExceeded);
+    }
+  });
+  for (uint32_t tag = 1; tag <= 50; ++tag) {
+    ASSERT_TRUE(
+        sender->write(slice(target.handle, 0, 64), with_pattern(64, tag), tag, kTimeout).ok());
+  }
+  const auto until = Clock::now() + kTimeout;
+  while (Clock::now() < until) {
+    std::lock_guard lock(mu);
+    if (ran_on.size() == 50) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  stop = true;
+  waiter.join();
+  owner_->set_notification_handler({});
+  std::lock_guard lock(mu);
+  ASSERT_EQ(ran_on.size(), 50u);
+  for (const std::thread::id& id : ran_on)
+    EXPECT_NE(id, waiter_id);
+}
+
+// Endpoints come and go while a waiter spins in next_notification, looking
+// at their channels: a close waits for a look under way, and a look never
+// touches an endpoint that has gone (the sanitizers' builds check that).
+TEST_P(ConformanceTest, EndpointsCloseWhileAWaiterLooksAtThem) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> found{0};
+  std::thread waiter([&] {
+    while (!stop.load()) {
+      if (owner_->next_notification(5ms).ok()) found.fetch_add(1);
+    }
+  });
+  Owned target = own(4096, 0);
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+    ASSERT_TRUE(receiver && sender);
+    ASSERT_TRUE(
+        sender->write(slice(target.handle, 0, 64), with_pattern(64, round), round, kTimeout).ok());
+    const auto until = Clock::now() + kTimeout;
+    while (found.load() <= round && Clock::now() < until)
+      std::this_thread::sleep_for(100us);
+    // Closed from either side, while the waiter keeps looking.
+    if (round % 2 == 0) {
+      receiver->close();
+    } else {
+      sender->close();
+    }
+    receiver.reset();
+    sender.reset();
+  }
+  stop = true;
+  waiter.join();
+  EXPECT_EQ(found.load(), 20);
+}
+
 // While the owner's notification handler is busy, tagged writes pile up:
 // the writer is held back rather than any notification dropped, and once
 // the handler goes on, every one comes, once, in order. Over ibverbs the
