@@ -2143,9 +2143,7 @@ class EndpointImpl final : public NoticeTaker {
   // caller's next step is to take it anyway. `take`: how far it takes the
   // frames of the shared ring.
   Status pump(bool& progressed, FutexLock& lock, Take take = Take::kAll) {
-    pumping_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-    Status st = pump_frames(progressed, lock, take);
-    pumping_thread_.store(std::thread::id(), std::memory_order_relaxed);
+    Status st = pump_holding_replies(progressed, lock, take);
     if (held_replies_.empty() || t_writing_socket == this) return st;
     if (lock.owns_lock()) lock.unlock();  // a write may wait, and read meanwhile
     const std::vector<uint8_t> replies = std::move(held_replies_);
@@ -2155,6 +2153,15 @@ class EndpointImpl final : public NoticeTaker {
     Status wrote = write_pieces(pieces);
     --reply_depth_;
     return st.ok() ? wrote : st;
+  }
+  // pump() short of writing the replies: they stay in held_replies_, for
+  // the reader role's next holder to write (its pump()). It never waits
+  // for room in the channel.
+  Status pump_holding_replies(bool& progressed, FutexLock& lock, Take take) {
+    pumping_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    Status st = pump_frames(progressed, lock, take);
+    pumping_thread_.store(std::thread::id(), std::memory_order_relaxed);
+    return st;
   }
   // pump(), returning with mu_ free.
   Status pump(bool& progressed) {
@@ -2502,6 +2509,7 @@ class EndpointImpl final : public NoticeTaker {
       // read again now, rather than after callers have been gone a while.
       const bool handed_back = reader_wanted_.exchange(false);
       if ((led_lately() && !handed_back) || !take_role()) {
+        if (handed_back) reader_wanted_.store(true);  // the role was busy: at the next look
         look_later();
         continue;
       }
@@ -2545,9 +2553,14 @@ class EndpointImpl final : public NoticeTaker {
   // NoticeTaker::look_for_notes: one look at the channel, as the reader
   // role's holder, when the role is free and frames (or, over TCP, maybe
   // bytes) came; then the notifications read go to the manager's queue
-  // from this thread. Never waits for mu_ or the role. Reading counts as a
-  // caller's lead: the endpoint's thread then leaves the channel to this
-  // thread's looks (led_lately) until looks_ended().
+  // from this thread. Never waits: not for mu_ nor the role, and it writes
+  // nothing (a write may wait for room in the channel for seconds, and a
+  // waiter's timeout is its caller's): the replies to the frames it read,
+  // sends that can move on and credits that are due are left to the
+  // endpoint's thread, woken (to read again, for the replies: they go with
+  // the next reader's pump). Reading counts as a caller's lead: the
+  // endpoint's thread then leaves the channel to this thread's looks
+  // (led_lately) until looks_ended().
   void look_for_notes() override {
     {
       FutexLock lock(mu_, std::try_to_lock);
@@ -2558,22 +2571,26 @@ class EndpointImpl final : public NoticeTaker {
       reader_id_ = std::this_thread::get_id();
       looking_ = true;
       bool progressed = false;
-      Status st = pump(progressed, lock, Take::kAll);
+      Status st = pump_holding_replies(progressed, lock, Take::kAll);
       if (!lock.owns_lock()) lock.lock();
       looking_ = false;
       if (progressed) {
         looked_.store(true, std::memory_order_relaxed);
         leads_.store(leads_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       }
+      const bool replies = !held_replies_.empty();
+      const bool for_the_thread = replies || send_work_ready() ||
+                                  (has_deferred_.load(std::memory_order_relaxed) && credits_due());
       release_role();  // and wakes the callers behind, as a lead does
-      const bool sends_to_move = st.ok() && send_work_ready();
       lock.unlock();
       if (!st.ok()) {
-        fail_reading(st);
+        fail_reading(st);  // and the endpoint's thread, woken, delivers what was read
         return;
       }
-      if (sends_to_move) progress_sends();
-      if (has_deferred_.load(std::memory_order_relaxed) && credits_due()) flush().ignore();
+      if (for_the_thread) {
+        if (replies) reader_wanted_.store(true);
+        signal_eventfd(wake_.get());
+      }
     }
     hand_over_notes();
   }

@@ -9,7 +9,7 @@ namespace rdmabuf {
 
 void NoticeTaker::wait_for_looks() const {
   while (calls_.load() != 0)
-    std::this_thread::yield();  // a look is one pass over a channel: microseconds
+    std::this_thread::yield();  // a look is one pass over a channel, and never waits
 }
 
 void NoticeRoutes::add(uint64_t key, NoticeTaker* taker) {
@@ -108,7 +108,7 @@ Result<Notification> NotificationQueue::pop(std::chrono::milliseconds timeout,
       std::min(busy_poll, std::chrono::duration_cast<std::chrono::microseconds>(timeout)));
   bool looked = false;
   while (queued_.load(std::memory_order_acquire) == 0) {
-    if (routes && busy_poll.count() > 0) {
+    if (routes && busy_poll.count() > 0 && !has_handler_.load(std::memory_order_relaxed)) {
       routes->look_for_notes();
       looked = true;
       if (queued_.load(std::memory_order_acquire) != 0) break;
@@ -134,6 +134,7 @@ Result<Notification> NotificationQueue::pop(std::chrono::milliseconds timeout,
 void NotificationQueue::set_handler(std::function<void(const Notification&)> handler) {
   std::lock_guard lock(mu_);
   handler_ = std::move(handler);
+  has_handler_.store(static_cast<bool>(handler_), std::memory_order_relaxed);
   cv_.notify_all();
 }
 

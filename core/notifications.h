@@ -48,7 +48,8 @@ class NotificationQueue {
   // (yielding the CPU between looks) for `busy_poll`, then sleeps. With
   // `routes`, each look reads the endpoints' channels too
   // (NoticeRoutes::look_for_notes), and a wait that sleeps hands the
-  // reading back to the endpoints' threads first (looks_ended).
+  // reading back to the endpoints' threads first (looks_ended). No looks
+  // while a handler is set (what they read would go to it).
   Result<Notification> pop(std::chrono::milliseconds timeout,
                            std::chrono::microseconds busy_poll = {},
                            NoticeRoutes* routes = nullptr);
@@ -62,6 +63,7 @@ class NotificationQueue {
   std::deque<Notification> queue_;
   std::atomic<size_t> queued_{0};  // queue_.size(), for a waiter that spins
   std::function<void(const Notification&)> handler_;
+  std::atomic<bool> has_handler_{false};  // handler_ is set: a waiter does not look
   bool closed_ = false;
 };
 
@@ -79,15 +81,18 @@ class NoticeTaker {
   // the waiter with no hand-over between threads. One look, no wait; what
   // it cannot do, the endpoint's own thread does as before.
   virtual void look_for_notes() = 0;
-  // The waiter stopped looking (it sleeps, or got what it waited for and
-  // left): the endpoint's own thread reads again from now on, woken by the
-  // peer's writes.
+  // The waiter stopped looking to sleep: the endpoint's own thread reads
+  // again from now on, woken by the peer's writes. (A waiter that got what
+  // it waited for says nothing: it is likely back soon, and if not, the
+  // endpoint's thread reads again once no look has read for a while,
+  // within about 16 ms: docs/threads.md.) Never blocks.
   virtual void looks_ended() = 0;
 
  protected:
   virtual ~NoticeTaker() = default;
-  // Returns once no NoticeRoutes call on this taker is under way; after
-  // NoticeRoutes::remove, none starts. For its owner's close.
+  // Returns once no look (NoticeRoutes::look_for_notes) at this taker is
+  // under way; after NoticeRoutes::remove, none starts. For its owner's
+  // close. A look never waits, so this is microseconds.
   void wait_for_looks() const;
 
  private:
@@ -108,9 +113,9 @@ class NoticeRoutes {
   Result<Notification> notification_for(uint64_t writer, const NoticeRecord& notice);
   // NoticeTaker::look_for_notes on every endpoint, for a waiter that spins
   // (Manager::next_notification); nothing while another thread adds or
-  // removes one. The looks run without this class's lock, so that a look
-  // that waits (a reply written into a full channel) holds up no delivery
-  // and no close; a closing endpoint waits for them (wait_for_looks).
+  // removes one. The looks run without this class's lock, so that they
+  // hold up no backend's notice; a closing endpoint waits for a look under
+  // way (wait_for_looks).
   void look_for_notes();
   // NoticeTaker::looks_ended on every endpoint: the waiter is done
   // looking. Waits for mu_.

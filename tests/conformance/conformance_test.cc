@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -1962,8 +1963,9 @@ TEST_P(ConformanceTest, EndpointNotificationsFoundByALookingWaiterComeOnceInOrde
 }
 
 // A handler runs on an endpoint's thread (or a backend's), never inside a
-// caller's call: not in a next_notification that spins and reads the
-// channel meanwhile.
+// caller's call: not in a next_notification that spins meanwhile (which
+// does not read the channels while a handler is set, and would not hand
+// what it read to the handler).
 TEST_P(ConformanceTest, EndpointNotificationHandlerNeverRunsInALookingWaitersCall) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
@@ -1974,11 +1976,11 @@ TEST_P(ConformanceTest, EndpointNotificationHandlerNeverRunsInALookingWaitersCal
     std::lock_guard lock(mu);
     ran_on.push_back(std::this_thread::get_id());
   });
-  std::atomic<bool> stop{false};
   std::thread::id waiter_id;
-  std::thread waiter([&] {
+  // A jthread: an assertion that returns early still stops and joins it.
+  std::jthread waiter([&](std::stop_token stop) {
     waiter_id = std::this_thread::get_id();
-    while (!stop.load()) {
+    while (!stop.stop_requested()) {
       // The handler takes them all: each wait ends at its deadline.
       EXPECT_EQ(owner_->next_notification(1ms).status().code(), StatusCode::kDeadlineExceeded);
     }
@@ -1993,7 +1995,7 @@ TEST_P(ConformanceTest, EndpointNotificationHandlerNeverRunsInALookingWaitersCal
     if (ran_on.size() == 50) break;
     std::this_thread::sleep_for(1ms);
   }
-  stop = true;
+  waiter.request_stop();
   waiter.join();
   owner_->set_notification_handler({});
   std::lock_guard lock(mu);
@@ -2005,11 +2007,13 @@ TEST_P(ConformanceTest, EndpointNotificationHandlerNeverRunsInALookingWaitersCal
 // Endpoints come and go while a waiter spins in next_notification, looking
 // at their channels: a close waits for a look under way, and a look never
 // touches an endpoint that has gone (the sanitizers' builds check that).
+// A frame that needs an answer (a lend request) read by a look is answered
+// all the same: a look writes nothing, the endpoint's thread does.
 TEST_P(ConformanceTest, EndpointsCloseWhileAWaiterLooksAtThem) {
-  std::atomic<bool> stop{false};
   std::atomic<int> found{0};
-  std::thread waiter([&] {
-    while (!stop.load()) {
+  // A jthread: an assertion that returns early still stops and joins it.
+  std::jthread waiter([&](std::stop_token stop) {
+    while (!stop.stop_requested()) {
       if (owner_->next_notification(5ms).ok()) found.fetch_add(1);
     }
   });
@@ -2023,6 +2027,8 @@ TEST_P(ConformanceTest, EndpointsCloseWhileAWaiterLooksAtThem) {
     const auto until = Clock::now() + kTimeout;
     while (found.load() <= round && Clock::now() < until)
       std::this_thread::sleep_for(100us);
+    auto lease = sender->request_remote_buffer(4096, 1s, kTimeout);
+    ASSERT_TRUE(lease.ok()) << "the lend request was not answered: " << lease.status().to_string();
     // Closed from either side, while the waiter keeps looking.
     if (round % 2 == 0) {
       receiver->close();
@@ -2032,7 +2038,7 @@ TEST_P(ConformanceTest, EndpointsCloseWhileAWaiterLooksAtThem) {
     receiver.reset();
     sender.reset();
   }
-  stop = true;
+  waiter.request_stop();
   waiter.join();
   EXPECT_EQ(found.load(), 20);
 }
