@@ -1985,8 +1985,7 @@ class EndpointImpl final : public NoticeTaker {
         }
       }
     }
-    // The reader role's holder alone changes it: no read-modify-write.
-    leads_.store(leads_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    count_lead();
     release_role();  // and wakes a follower, which may lead now
     if (!st.ok()) {
       lock.unlock();
@@ -2021,6 +2020,13 @@ class EndpointImpl final : public NoticeTaker {
   void release_role() {
     reading_ = false;
     wake_sleepers();
+  }
+
+  // A caller (or a look for notifications) is done holding the reader role
+  // (held still): counted for led_lately(). Its holder alone changes the
+  // count: no read-modify-write.
+  void count_lead() {
+    leads_.store(leads_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
 
   // Whether a caller held the reader role since the endpoint's thread last
@@ -2576,7 +2582,7 @@ class EndpointImpl final : public NoticeTaker {
       looking_ = false;
       if (progressed) {
         looked_.store(true, std::memory_order_relaxed);
-        leads_.store(leads_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        count_lead();
       }
       const bool replies = !held_replies_.empty();
       const bool for_the_thread = replies || send_work_ready() ||

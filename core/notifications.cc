@@ -66,9 +66,7 @@ Status NotificationQueue::try_push(const Notification& n) {
   if (queue_.size() >= kCapacity) {
     return ResourceExhausted(std::to_string(kCapacity) + " notifications wait to be taken");
   }
-  queue_.push_back(n);
-  queued_.store(queue_.size(), std::memory_order_release);
-  cv_.notify_all();
+  enqueue(n);
   return Status::Ok();
 }
 
@@ -85,18 +83,20 @@ bool NotificationQueue::push(const Notification& n, const std::function<bool()>&
     handler(n);
     return true;
   }
+  enqueue(n);
+  return true;
+}
+
+void NotificationQueue::enqueue(const Notification& n) {
   queue_.push_back(n);
   queued_.store(queue_.size(), std::memory_order_release);
   cv_.notify_all();
-  return true;
 }
 
 bool NotificationQueue::try_queue(const Notification& n) {
   std::lock_guard lock(mu_);
   if (closed_ || handler_ || queue_.size() >= kCapacity) return false;
-  queue_.push_back(n);
-  queued_.store(queue_.size(), std::memory_order_release);
-  cv_.notify_all();
+  enqueue(n);
   return true;
 }
 

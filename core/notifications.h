@@ -58,6 +58,9 @@ class NotificationQueue {
   void close();
 
  private:
+  // Appends `n` and wakes the waiters (mu_ held).
+  void enqueue(const Notification& n);
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Notification> queue_;
