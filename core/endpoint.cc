@@ -1942,7 +1942,7 @@ class EndpointImpl final : public NoticeTaker {
         // A clock read only after a sleep: none between a message that came
         // while spinning and the return (see await). (Or the notifications
         // piled up, or reading failed: rare enough to learn from alike.)
-        if (slept) stretch_.learn(Clock::now() - idle_since, true, busy_poll_);
+        if (slept) stretch_.learn_from_sleep(Clock::now() - idle_since, busy_poll_);
         break;
       }
       if (progressed) wake_sleepers();

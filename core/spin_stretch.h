@@ -35,12 +35,11 @@ class SpinStretch {
   // nothing come: a peer gone quiet.
   void missed() { length_ /= 2; }
 
-  // A wait got what it waited for `waited` after its spin began, with
-  // busy-poll window `window`, having slept on the way (`slept`) or not.
-  // A wait that did not sleep leaves the stretch as it is: the stretch
-  // (or the window) was long enough.
-  void learn(std::chrono::nanoseconds waited, bool slept, std::chrono::nanoseconds window) {
-    if (!slept) return;
+  // A wait that slept on the way got what it waited for `waited` after its
+  // spin began, with busy-poll window `window`. Only such waits teach it: a
+  // wait that did not sleep found the stretch (or the window) long enough,
+  // and its caller leaves the stretch as it is.
+  void learn_from_sleep(std::chrono::nanoseconds waited, std::chrono::nanoseconds window) {
     const std::chrono::nanoseconds most = window * kMostWindows;
     const std::chrono::nanoseconds beyond = waited - window;
     if (beyond > most || beyond <= std::chrono::nanoseconds::zero()) {
