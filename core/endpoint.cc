@@ -1855,6 +1855,11 @@ class EndpointImpl final : public NoticeTaker {
   bool await(FutexLock& lock, WaitDeadline& deadline, Pred ready) {
     Deadline spin_until = Deadline::min();  // set once this thread spins
     auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
+    // A message there already is taken leanly (look_leanly); one that
+    // comes while this wait leads, leanly too (lead()).
+    if (ring_ && !ready() && may_lead() && in_begin_ == in_end_ && look_leanly(lock, ready)) {
+      return true;
+    }
     // What we wait for may depend on the credits held back: they go before
     // the wait (as credits_go_when_idle says), unless frames wait in the
     // channel, which may hold it already, and this thread is to read them.
@@ -1894,6 +1899,40 @@ class EndpointImpl final : public NoticeTaker {
     return true;
   }
 
+  // A wait's first look at a ring, when it may lead and nothing waits in
+  // in_ (mu_ held through `lock`, and never let go of while it reads):
+  // takes the credits and the first inline message at the ring's front
+  // where they lie (take_frames_in_place, Take::kLeanly), and then whether
+  // `ready`. Nobody may take the reader role while this thread holds mu_,
+  // so it reads without taking it, and without pump()'s bookkeeping for
+  // replies, which these frames never write: on every message's path, a
+  // wait whose message is there costs one hold of mu_ and this one look.
+  // Does what lead() does after a look that took frames (moves posted
+  // sends on, wakes the waiters, sends the credits that are due), with
+  // `lock` held on return. False when the wait goes on (nothing came,
+  // another kind of frame comes first, or reading failed): await's full
+  // path follows, and meets that frame, or the failure, again.
+  template <typename Pred>
+  bool look_leanly(FutexLock& lock, Pred ready) {
+    bool progressed = false;
+    const Result<bool> took = take_frames_in_place(progressed, lock, Take::kLeanly);
+    if (!progressed) return false;
+    count_lead();  // as a lead: the endpoint's thread leaves the channel to the callers
+    wake_sleepers();
+    if (send_work_ready()) {
+      lock.unlock();
+      progress_sends();
+      lock.lock();
+    }
+    if (!took.ok() || !ready()) return false;
+    if (has_deferred_.load(std::memory_order_relaxed) && credits_due()) {
+      lock.unlock();
+      flush().ignore();  // a failure breaks the endpoint: the caller's next look tells
+      lock.lock();
+    }
+    return true;
+  }
+
   // Wakes the callers asleep on cv_ (in await or cut_short; mu_ held): the state they wait on
   // changed. Costs nothing while none sleeps, as on the message path.
   void wake_sleepers() {
@@ -1928,7 +1967,18 @@ class EndpointImpl final : public NoticeTaker {
       // ring held first (a steady sender's 16 messages) left the sender
       // without credits meanwhile: 4 KiB messages streamed at 1.8 M/s, not
       // 2.3 (docs/performance.md).
-      st = pump(progressed, lock, Take::kUpToAMessage);
+      if (ring_ && in_begin_ == in_end_ && held_replies_.empty()) {
+        // As pump() would take them, without its bookkeeping for replies
+        // (see look_leanly); what it stops at, pump() takes, and the
+        // peer's end, which pump() reports once the ring is read out.
+        Result<bool> took = take_frames_in_place(progressed, lock, Take::kLeanly);
+        st = took.status();
+        if (st.ok() && !*took && (ring_.has_incoming() || peer_closed_)) {
+          st = pump(progressed, lock, Take::kUpToAMessage);
+        }
+      } else {
+        st = pump(progressed, lock, Take::kUpToAMessage);
+      }
       if (!lock.owns_lock()) lock.lock();
       if (st.ok() && send_work_ready()) {
         // Credits came for posted sends, or their writes finished: whatever
@@ -2023,8 +2073,9 @@ class EndpointImpl final : public NoticeTaker {
   }
 
   // A caller (or a look for notifications) is done holding the reader role
-  // (held still): counted for led_lately(). Its holder alone changes the
-  // count: no read-modify-write.
+  // (held still), or took frames in a lean look (look_leanly): counted for
+  // led_lately(). Only under mu_, which orders the changes: no
+  // read-modify-write.
   void count_lead() {
     leads_.store(leads_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
@@ -2130,6 +2181,10 @@ class EndpointImpl final : public NoticeTaker {
   enum class Take {
     kAll,           // all it holds
     kUpToAMessage,  // up to the first inline message, leaving those behind
+    // As kUpToAMessage, under the caller's hold of mu_ throughout: stops
+    // before a frame it would let go of mu_ for (a part, or a frame other
+    // than a credit or an inline message). See look_leanly().
+    kLeanly,
   };
 
   // Dispatches every whole frame held, reads the socket once (what it has,
@@ -2223,7 +2278,9 @@ class EndpointImpl final : public NoticeTaker {
   // (kPosted), the frames of a steady stream, is taken under one hold of
   // mu_ (`lock`, which it leaves held after them: see pump()).
   // With Take::kUpToAMessage it stops after the first inline message:
-  // true then (more may be there), else false.
+  // true then (more may be there), else false. With Take::kLeanly, the
+  // same, and it also stops (false) before a part or any frame other than
+  // a credit, never letting go of mu_ once it took it.
   Result<bool> take_frames_in_place(bool& progressed, FutexLock& lock, Take take) {
     constexpr size_t kMostFields = 2 * sizeof(uint64_t);
     // A credit without a handle (kPosted: seq, capacity, a handle length of 0).
@@ -2242,15 +2299,22 @@ class EndpointImpl final : public NoticeTaker {
       }
       const auto [size, type] = read_header(head);
       if (size > kMaxPayload || ring.size() < kHeaderSize + size) return false;
-      WireReader r(std::span<const uint8_t>(head + kHeaderSize, kMostFields));
+      // The fields, in the copy, which holds them all (zeros past the
+      // frame): read with no bounds to check.
+      auto field = [&head](int i) {
+        uint64_t value;  // little-endian, as the host (common/wire.h)
+        std::memcpy(&value, head + kHeaderSize + i * sizeof(uint64_t), sizeof value);
+        return value;
+      };
       if (type == Frame::kSentInline || type == Frame::kSentPart) {
         const size_t fields = type == Frame::kSentPart ? kMostFields : sizeof(uint64_t);
         if (size < fields) return false;  // malformed: pump() says so
-        const uint64_t seq = r.get<uint64_t>();
+        const uint64_t seq = field(0);
         auto data = ring.subspan(kHeaderSize + fields, size - fields);
         if (!lock.owns_lock()) lock.lock();
         if (type == Frame::kSentPart) {
-          const uint64_t message_size = r.get<uint64_t>();
+          if (take == Take::kLeanly) return false;  // its copy lets go of mu_
+          const uint64_t message_size = field(1);
           if (data.empty()) return false;  // malformed: pump() says so
           RDMABUF_RETURN_IF_ERROR(fill_receive(seq, message_size, data));
           // A part's copy (up to 8 KiB) is the longest hold of mu_: let go
@@ -2259,7 +2323,7 @@ class EndpointImpl final : public NoticeTaker {
           lock.unlock();
         } else {
           RDMABUF_RETURN_IF_ERROR(answer_receive(type, seq, data.size(), data));
-          if (take == Take::kUpToAMessage) {
+          if (take != Take::kAll) {
             ring_.consume(kHeaderSize + size);
             progressed = true;
             return true;
@@ -2272,8 +2336,8 @@ class EndpointImpl final : public NoticeTaker {
           if (size == kBareCredit) {
             // A receive's credit, on every message's path: taken from the
             // copy of its head, with no copy of its own and no parse.
-            credit.seq = r.get<uint64_t>();
-            credit.capacity = r.get<uint64_t>();
+            credit.seq = field(0);
+            credit.capacity = field(1);
             uint16_t handle_size;  // read once, so as good as a copy
             std::memcpy(&handle_size, ring.data() + kHeaderSize + kMostFields, sizeof handle_size);
             if (handle_size != 0) return ProtocolError("malformed endpoint credit");
@@ -2285,6 +2349,7 @@ class EndpointImpl final : public NoticeTaker {
           if (!lock.owns_lock()) lock.lock();
           credits_.push_back(std::move(credit));
         } else {
+          if (take == Take::kLeanly) return false;  // its dispatch lets go of mu_
           std::memcpy(copy, ring.data(), kHeaderSize + size);
           if (lock.owns_lock()) lock.unlock();
           if (type == Frame::kNotify && notes_full()) return false;  // pump() waits

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "common/copy.h"
 #include "common/host.h"
 #include "common/membarrier.h"
 #include "common/shared_file.h"
@@ -227,8 +228,7 @@ Result<bool> ShmChannel::write_whole(std::span<const uint8_t> first,
 }
 
 [[gnu::always_inline]] inline void ShmChannel::copy_in(std::span<const uint8_t> piece, size_t at) {
-  if (piece.empty()) return;  // its data() may be null, which memcpy must not get
-  std::memcpy(out_data_ + at, piece.data(), piece.size());
+  copy_short(out_data_ + at, piece.data(), piece.size());  // touches nothing for none
 }
 
 [[gnu::always_inline]] inline void ShmChannel::zero_word(uint64_t at) {

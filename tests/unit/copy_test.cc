@@ -1,7 +1,8 @@
 // copy_received (common/copy.h): sizes on both sides of 1 KiB, where it
 // switches from memcpy to the inline string move (where the CPU's is fast;
 // both ways are tried), at several offsets of source and destination: it
-// copies exactly the bytes asked for and touches none around them.
+// copies exactly the bytes asked for and touches none around them. The
+// same for copy_short at every size up to past its inline copies.
 #include "common/copy.h"
 
 #include <gtest/gtest.h>
@@ -40,6 +41,29 @@ TEST_P(CopyReceived, CopiesExactlyTheBytesAskedForOnBothSidesOfTheSwitch) {
       }
     }
   }
+}
+
+// copy_short's inline copies: every size up to past its 32 bytes, through
+// each width's two overlapping halves.
+TEST(CopyShort, CopiesExactlyTheBytesAskedForAtEverySmallSize) {
+  constexpr size_t kGuard = 16;
+  std::vector<uint8_t> from(64);
+  for (size_t i = 0; i < from.size(); ++i)
+    from[i] = static_cast<uint8_t>(i * 37 + 11);
+  for (size_t size = 0; size <= 40; ++size) {
+    for (size_t from_at : {size_t{0}, size_t{3}}) {
+      std::vector<uint8_t> to(kGuard + size + kGuard, 0xEE);
+      copy_short(to.data() + kGuard, from.data() + from_at, size);
+      SCOPED_TRACE("size " + std::to_string(size) + ", source +" + std::to_string(from_at));
+      for (size_t i = 0; i < kGuard; ++i)
+        ASSERT_EQ(to[i], 0xEE) << "wrote before the destination";
+      for (size_t i = 0; i < size; ++i)
+        ASSERT_EQ(to[kGuard + i], from[from_at + i]) << "byte " << i;
+      for (size_t i = kGuard + size; i < to.size(); ++i)
+        ASSERT_EQ(to[i], 0xEE) << "wrote past the destination";
+    }
+  }
+  copy_short(nullptr, nullptr, 0);  // none: touches neither
 }
 
 INSTANTIATE_TEST_SUITE_P(BothWays, CopyReceived, testing::Bool(),
