@@ -1857,7 +1857,7 @@ class EndpointImpl final : public NoticeTaker {
     auto may_lead = [&] { return !reading_ && notes_.size() < kMaxPendingNotes; };
     // A message there already is taken leanly (look_leanly); one that
     // comes while this wait leads, leanly too (lead()).
-    if (ring_ && !ready() && may_lead() && in_begin_ == in_end_ && look_leanly(lock, ready)) {
+    if (!ready() && may_lead() && may_look_leanly() && look_leanly(lock, ready)) {
       return true;
     }
     // What we wait for may depend on the credits held back: they go before
@@ -1899,8 +1899,20 @@ class EndpointImpl final : public NoticeTaker {
     return true;
   }
 
-  // A wait's first look at a ring, when it may lead and nothing waits in
-  // in_ (mu_ held through `lock`, and never let go of while it reads):
+  // Whether a look may take frames leanly (Take::kLeanly): through a ring,
+  // with nothing of a frame in in_ and no replies held for the reader
+  // role's holder to write (pump() writes them). Reader role held, or free
+  // and mu_ held (the last holder let go of it under mu_).
+  bool may_look_leanly() const { return ring_ && in_begin_ == in_end_ && held_replies_.empty(); }
+
+  // Through a ring, after a look took what it could where it lies: whether
+  // a read may find more, for pump() to take or to report (a frame came,
+  // or the peer's end, which the read says once the ring is read out).
+  // Reader role held.
+  bool ring_has_more() { return ring_.has_incoming() || peer_closed_; }
+
+  // A wait's first look at a ring, when it may lead and may_look_leanly()
+  // (mu_ held through `lock`, and never let go of while it reads):
   // takes the credits and the first inline message at the ring's front
   // where they lie (take_frames_in_place, Take::kLeanly), and then whether
   // `ready`. Nobody may take the reader role while this thread holds mu_,
@@ -1967,13 +1979,12 @@ class EndpointImpl final : public NoticeTaker {
       // ring held first (a steady sender's 16 messages) left the sender
       // without credits meanwhile: 4 KiB messages streamed at 1.8 M/s, not
       // 2.3 (docs/performance.md).
-      if (ring_ && in_begin_ == in_end_ && held_replies_.empty()) {
+      if (may_look_leanly()) {
         // As pump() would take them, without its bookkeeping for replies
-        // (see look_leanly); what it stops at, pump() takes, and the
-        // peer's end, which pump() reports once the ring is read out.
+        // (see look_leanly); what it stops at, pump() takes.
         Result<bool> took = take_frames_in_place(progressed, lock, Take::kLeanly);
         st = took.status();
-        if (st.ok() && !*took && (ring_.has_incoming() || peer_closed_)) {
+        if (st.ok() && !*took && ring_has_more()) {
           st = pump(progressed, lock, Take::kUpToAMessage);
         }
       } else {
@@ -2250,7 +2261,7 @@ class EndpointImpl final : public NoticeTaker {
         RDMABUF_ASSIGN_OR_RETURN(const bool stopped, take_frames_in_place(progressed, lock, take));
         // Stopped after a message, or nothing more came: no read to try
         // (peer_closed_: the read says so).
-        if (stopped || (!ring_.has_incoming() && !peer_closed_)) return Status::Ok();
+        if (stopped || !ring_has_more()) return Status::Ok();
       }
       // One read per call; through shared memory, as many as complete the
       // frame begun (receive_some copies one in two: its header, then the

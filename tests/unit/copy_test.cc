@@ -13,6 +13,20 @@
 namespace rdmabuf {
 namespace {
 
+constexpr uint8_t kUntouched = 0xEE;
+
+// `to` holds kUntouched but for `size` bytes from `begin`, which are
+// those of `from`.
+void expect_copied_exactly(const std::vector<uint8_t>& to, size_t begin, const uint8_t* from,
+                           size_t size) {
+  for (size_t i = 0; i < begin; ++i)
+    ASSERT_EQ(to[i], kUntouched) << "wrote before the destination";
+  for (size_t i = 0; i < size; ++i)
+    ASSERT_EQ(to[begin + i], from[i]) << "byte " << i;
+  for (size_t i = begin + size; i < to.size(); ++i)
+    ASSERT_EQ(to[i], kUntouched) << "wrote past the destination";
+}
+
 class CopyReceived : public testing::TestWithParam<bool> {};
 
 TEST_P(CopyReceived, CopiesExactlyTheBytesAskedForOnBothSidesOfTheSwitch) {
@@ -27,17 +41,12 @@ TEST_P(CopyReceived, CopiesExactlyTheBytesAskedForOnBothSidesOfTheSwitch) {
     for (size_t from_at : {size_t{0}, size_t{1}, size_t{13}, size_t{63}}) {
       for (size_t to_at : {size_t{0}, size_t{5}, size_t{32}}) {
         // The destination to_at bytes past a guard of kGuard; a guard after.
-        std::vector<uint8_t> to(kGuard + to_at + size + kGuard, 0xEE);
+        std::vector<uint8_t> to(kGuard + to_at + size + kGuard, kUntouched);
         const size_t begin = kGuard + to_at;
         copy_received(to.data() + begin, from.data() + from_at, size, string_move);
         SCOPED_TRACE("size " + std::to_string(size) + ", source +" + std::to_string(from_at) +
                      ", destination +" + std::to_string(to_at));
-        for (size_t i = 0; i < begin; ++i)
-          ASSERT_EQ(to[i], 0xEE) << "wrote before the destination";
-        for (size_t i = 0; i < size; ++i)
-          ASSERT_EQ(to[begin + i], from[from_at + i]) << "byte " << i;
-        for (size_t i = begin + size; i < to.size(); ++i)
-          ASSERT_EQ(to[i], 0xEE) << "wrote past the destination";
+        ASSERT_NO_FATAL_FAILURE(expect_copied_exactly(to, begin, from.data() + from_at, size));
       }
     }
   }
@@ -52,15 +61,10 @@ TEST(CopyShort, CopiesExactlyTheBytesAskedForAtEverySmallSize) {
     from[i] = static_cast<uint8_t>(i * 37 + 11);
   for (size_t size = 0; size <= 40; ++size) {
     for (size_t from_at : {size_t{0}, size_t{3}}) {
-      std::vector<uint8_t> to(kGuard + size + kGuard, 0xEE);
+      std::vector<uint8_t> to(kGuard + size + kGuard, kUntouched);
       copy_short(to.data() + kGuard, from.data() + from_at, size);
       SCOPED_TRACE("size " + std::to_string(size) + ", source +" + std::to_string(from_at));
-      for (size_t i = 0; i < kGuard; ++i)
-        ASSERT_EQ(to[i], 0xEE) << "wrote before the destination";
-      for (size_t i = 0; i < size; ++i)
-        ASSERT_EQ(to[kGuard + i], from[from_at + i]) << "byte " << i;
-      for (size_t i = kGuard + size; i < to.size(); ++i)
-        ASSERT_EQ(to[i], 0xEE) << "wrote past the destination";
+      ASSERT_NO_FATAL_FAILURE(expect_copied_exactly(to, kGuard, from.data() + from_at, size));
     }
   }
   copy_short(nullptr, nullptr, 0);  // none: touches neither
