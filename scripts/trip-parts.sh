@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Splits an 8 B ping-pong's one-way trip over verbs into the kernel's part
-# and the receiver's, for rdmabuf's endpoint and for UCX's tag_lat side by
-# side: where the time between two processes goes on Soft-RoCE, which
-# timings alone cannot tell (docs/performance.md, thirty-fourth session).
+# Splits a ping-pong's one-way trip over verbs (SIZE bytes, default 8)
+# into the kernel's part and the receiver's, for rdmabuf's endpoint and
+# for UCX's tag_lat side by side: where the time between two processes
+# goes on Soft-RoCE, which timings alone cannot tell (docs/performance.md,
+# thirty-fourth session).
 #
 #   scripts/softroce-vm -- scripts/trip-parts.sh [SIZE] [ROUNDS]
 #
@@ -181,8 +182,11 @@ for system in ('rdmabuf', 'ucx'):
             trips = parts(f'{out}/{system}.{r}')
         except FileNotFoundError:
             continue
-        shared = sum(t[3] for t in trips) / len(trips) if trips else 1.0
-        clean = trips and shared <= 0.10
+        if not trips:  # the run ended before the window, or had not begun
+            print(f'{system:8s} round {r}: no one-way trips in the window (left out)')
+            continue
+        shared = sum(t[3] for t in trips) / len(trips)
+        clean = shared <= 0.10
         print(f'{system:8s} round {r}: {len(trips):5d} one-way trips, one way {median([t[0] for t in trips]):6.1f} us'
               f' = kernel {median([t[1] for t in trips]):6.1f} + reaction {median([t[2] for t in trips]):6.1f};'
               f' sharing a CPU {100 * shared:3.0f}%{"" if clean else " (left out)"}')
