@@ -57,7 +57,10 @@ echo 16384 >"$tracing/buffer_size_kb"
 # The kprobe as a breakpoint only, registered once, before any verbs
 # process runs. Optimized (a jump patched in over the breakpoint, later,
 # while rxe may run on the other CPU) it crashed the emulated guest's
-# kernel: a call through a null pointer in rxe_cq_post's caller.
+# kernel: a call through a null pointer in rxe_cq_post's caller. As
+# here it is safer, not safe: it crashed the same way once more, 200 s
+# into a run of twelve ping-pongs (docs/performance.md, thirty-fifth
+# session); softroce-vm's --timeout then ends the boot.
 echo 0 >/proc/sys/debug/kprobes-optimization
 echo 'p:rdmabuf_cq_post rxe_cq_post' >"$tracing/kprobe_events"
 # A sleep that starts no process (a timed read of a FIFO nobody writes):
