@@ -6,16 +6,21 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
+#include <string_view>
+#include <vector>
 
 #include "common/strings.h"
 
@@ -53,6 +58,49 @@ uint64_t pid_namespace_id() {
   struct stat st {};
   if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
   return static_cast<uint64_t>(st.st_ino);
+}
+
+int cpus_allowed_by_quota(std::string_view cpu_max) {
+  const std::vector<std::string> words = split_list(trim(cpu_max), ' ');
+  if (words.size() != 2 || words[0] == "max") return 0;
+  const std::optional<int64_t> quota = parse_int(words[0], 1, int64_t{1} << 40);
+  const std::optional<int64_t> period = parse_int(words[1], 1, int64_t{1} << 40);
+  if (!quota || !period) return 0;
+  return static_cast<int>(std::min<int64_t>((*quota + *period - 1) / *period, 1 << 20));
+}
+
+namespace {
+
+// The fewest CPUs a cgroup v2 quota allows this process, on its cgroup or
+// one above; 0 for none (or no cgroup v2).
+int cpus_of_cgroup_quota() {
+  // "0::/some/path" is the cgroup v2 line of /proc/self/cgroup.
+  const std::string lines = "\n" + read_small_file("/proc/self/cgroup");
+  const size_t at = lines.find("\n0::/");
+  if (at == std::string::npos) return 0;
+  const size_t begin = at + 4;  // the path's first '/'
+  std::string path(trim(std::string_view(lines).substr(begin, lines.find('\n', begin) - begin)));
+  int fewest = 0;
+  while (true) {
+    const int cpus =
+        cpus_allowed_by_quota(read_small_file("/sys/fs/cgroup" + path + "/cpu.max", 64));
+    if (cpus > 0 && (fewest == 0 || cpus < fewest)) fewest = cpus;
+    if (path.empty() || path == "/") break;
+    const size_t slash = path.rfind('/');
+    path.resize(slash == std::string::npos ? 0 : slash);
+  }
+  return fewest;
+}
+
+}  // namespace
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cpus <= 0) cpus = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  const int quota = cpus_of_cgroup_quota();
+  return std::max(1, quota > 0 ? std::min(cpus, quota) : cpus);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "rdmabuf/status.h"
 
@@ -23,6 +24,17 @@ uint64_t pid_namespace_id();
 // process fails with ESRCH once that process is gone, which a C++ stream
 // reports by throwing.
 std::string read_small_file(const std::string& path, size_t limit = 4096);
+
+// How many CPUs this process's threads may run on at once: the CPUs in
+// its affinity mask (taskset, a cpuset), fewer where a cgroup v2 CPU quota
+// (cpu.max, as `docker run --cpus` sets) on its cgroup or one above allows
+// less CPU time than that, rounded up; at least 1. Read afresh at each call
+// (a few system calls and small file reads).
+int usable_cpus();
+
+// The CPUs a cgroup v2 cpu.max line ("max 100000", "150000 100000") allows,
+// rounded up; 0 for no limit, or a line it cannot read.
+int cpus_allowed_by_quota(std::string_view cpu_max);
 
 // Fills `size` bytes from the kernel's CSPRNG (getrandom). Aborts if the
 // kernel cannot supply randomness: tokens must never be predictable.

@@ -1,6 +1,7 @@
 #include "core/shm_channel.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -32,6 +33,7 @@ struct ShmChannel::Layout {
   uint64_t nonce;
   uint64_t ring_bytes;
   RingControl rings[2];
+  WaiterCpu waiter_cpus[2];  // [r]: ring r's reader's
 };
 
 namespace {
@@ -96,6 +98,8 @@ ShmChannel::ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring)
       out_data_(static_cast<uint8_t*>(base) + kDataOffset +
                 static_cast<size_t>(writes_ring) * kRingBytes),
       in_control_(&layout().rings[1 - writes_ring]),
+      own_cpu_(&layout().waiter_cpus[1 - writes_ring]),
+      peer_cpu_(&layout().waiter_cpus[writes_ring]),
       in_data_(static_cast<uint8_t*>(base) + kDataOffset +
                static_cast<size_t>(1 - writes_ring) * kRingBytes),
       asymmetric_fences_(register_for_asymmetric_fences()),
@@ -103,6 +107,16 @@ ShmChannel::ShmChannel(Fd fd, void* base, uint64_t nonce, int writes_ring)
 
 void ShmChannel::announce_reader_fences() {
   if (asymmetric_fences_) shared(in_control_->reader_fences).store(1, std::memory_order_release);
+}
+
+bool ShmChannel::peer_waits_on_this_cpu() {
+  const int cpu = ::sched_getcpu();
+  if (cpu < 0) return false;
+  const uint32_t said = static_cast<uint32_t>(cpu) + 1;
+  if (shared(own_cpu_->cpu_plus_one).load(std::memory_order_relaxed) != said) {
+    shared(own_cpu_->cpu_plus_one).store(said, std::memory_order_relaxed);
+  }
+  return shared(peer_cpu_->cpu_plus_one).load(std::memory_order_relaxed) == said;
 }
 
 Status ShmChannel::corrupted() {

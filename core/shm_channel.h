@@ -139,6 +139,14 @@ class ShmChannel {
                0;
   }
 
+  // Where each side waits. A reader about to spin on the incoming ring
+  // says which CPU it runs on (sched_getcpu), and asks where the peer's
+  // reader last said it ran: when on the same CPU, spinning keeps the
+  // peer from running (SharedCoreSign). A store only when the CPU changed,
+  // so that the line stays in both caches. The peer's value is a hint: a
+  // hostile peer can only make this side yield, or not.
+  bool peer_waits_on_this_cpu();
+
   // Each ring's capacity in bytes, records' headers and padding included.
   static constexpr size_t ring_bytes() { return kRingBytes; }
   // The most bytes one write_whole() takes: what fits an empty ring
@@ -170,6 +178,12 @@ class ShmChannel {
   static_assert(std::atomic_ref<uint64_t>::is_always_lock_free &&
                 std::atomic_ref<uint32_t>::is_always_lock_free);
 
+  // Where a ring's reader last began to wait: its CPU + 1; 0 until it says.
+  // On a line of its own, after both rings' controls (a peer of an earlier
+  // version neither writes nor reads it: 0 to this side).
+  struct alignas(64) WaiterCpu {
+    uint32_t cpu_plus_one;
+  };
   struct Layout;
   // One direction. Each field on a cache line of its own: the consumer
   // writes `head` (bytes ever read, headers and padding included);
@@ -248,6 +262,8 @@ class ShmChannel {
   RingControl* out_control_;  // of the ring this side writes
   uint8_t* out_data_;
   RingControl* in_control_;  // of the ring this side reads
+  WaiterCpu* own_cpu_;       // this side's reader's
+  WaiterCpu* peer_cpu_;      // the peer's reader's
   uint8_t* in_data_;         // written by the peer only (atomic_ref needs no const)
   // This side's own positions, never read back from the shared file: where
   // the next record goes (a multiple of kRecordAlign), the next byte to

@@ -59,8 +59,10 @@ struct Config {
   size_t ib_max_message = size_t{1} << 20;
 
   // RDMABUF_BUSY_POLL_US. After activity, I/O threads and waiters spin
-  // (yielding the CPU between checks) this long before they sleep in the
-  // kernel. Longer: lower latency for bursts, more CPU burnt. 0 disables.
+  // (yielding the CPU between checks; an endpoint's reader of a shared ring
+  // or RDMA channel pauses instead, unless its peer may share its core)
+  // this long before they sleep in the kernel. Longer: lower latency for
+  // bursts, more CPU burnt. 0 disables.
   std::chrono::microseconds busy_poll{200};
 
   // RDMABUF_TIMEOUT_MS. Deadline of the blocking read_into / write_from

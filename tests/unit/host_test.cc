@@ -1,11 +1,14 @@
 // secure_random: the token source. It draws from getrandom in batches, so
 // what matters is that no two draws repeat, in one process or across a fork.
 // read_small_file: /proc entries, of processes that may be gone.
+// usable_cpus: what a thread's affinity mask and its cgroup's quota allow.
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <set>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -57,6 +60,41 @@ TEST(ReadSmallFileTest, ReadsUpToItsLimitAndAnswersEmptyForWhatIsGone) {
   EXPECT_EQ(read_small_file("/proc/" + std::to_string(child) + "/task/" + std::to_string(child) +
                             "/stat"),
             "");
+}
+
+TEST(UsableCpusTest, FollowsTheThreadsAffinityMask) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  // A cgroup's quota may allow fewer.
+  EXPECT_GE(usable_cpus(), 1);
+  EXPECT_LE(usable_cpus(), CPU_COUNT(&all));
+  // A thread pinned to one CPU (taskset -c 0 does this to a whole process).
+  int pinned = -1;
+  std::thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &all)) continue;
+      CPU_SET(cpu, &one);
+      break;
+    }
+    if (sched_setaffinity(0, sizeof one, &one) == 0) pinned = usable_cpus();
+  }).join();
+  EXPECT_EQ(pinned, 1);
+}
+
+TEST(UsableCpusTest, ReadsCgroupQuotasRoundedUp) {
+  EXPECT_EQ(cpus_allowed_by_quota("max 100000\n"), 0);
+  EXPECT_EQ(cpus_allowed_by_quota("100000 100000\n"), 1);
+  EXPECT_EQ(cpus_allowed_by_quota("50000 100000"), 1);
+  EXPECT_EQ(cpus_allowed_by_quota("150000 100000"), 2);
+  EXPECT_EQ(cpus_allowed_by_quota("400000 100000"), 4);
+  // Not a quota line: no limit said.
+  EXPECT_EQ(cpus_allowed_by_quota(""), 0);
+  EXPECT_EQ(cpus_allowed_by_quota("100000"), 0);
+  EXPECT_EQ(cpus_allowed_by_quota("-5 100000"), 0);
+  EXPECT_EQ(cpus_allowed_by_quota("100000 0"), 0);
+  EXPECT_EQ(cpus_allowed_by_quota("lots 100000"), 0);
 }
 
 }  // namespace

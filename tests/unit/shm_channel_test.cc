@@ -7,6 +7,7 @@
 // is refused rather than trusted.
 #include <fcntl.h>
 #include <linux/membarrier.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -517,6 +518,45 @@ TEST_F(ShmChannelTest, BytesArriveInOrderEachWayAndTheDirectionsAreIndependent) 
 
 // A reader that takes bytes in place: peek() shows the rest of the record
 // being read, never bytes of two records, and consume() moves on.
+// Runs `what` on a thread of its own pinned to `cpu`: false when it
+// cannot be pinned there.
+template <typename What>
+bool RunOnCpu(int cpu, What what) {
+  bool pinned = false;
+  std::thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0 || sched_getcpu() != cpu) return;
+    pinned = true;
+    what();
+  }).join();
+  return pinned;
+}
+
+TEST_F(ShmChannelTest, EachSideSeesWhetherThePeersReaderWaitsOnItsCpu) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  bool answers[4] = {};
+  ASSERT_TRUE(RunOnCpu(cpus[0], [&] {
+    answers[0] = creator_->peer_waits_on_this_cpu();  // the opener has not said yet
+    answers[1] = opener_->peer_waits_on_this_cpu();
+    answers[2] = creator_->peer_waits_on_this_cpu();
+  }));
+  EXPECT_FALSE(answers[0]);
+  EXPECT_TRUE(answers[1]);
+  EXPECT_TRUE(answers[2]);
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU here: no second CPU to move the opener to";
+  ASSERT_TRUE(RunOnCpu(cpus[1], [&] { answers[3] = opener_->peer_waits_on_this_cpu(); }));
+  EXPECT_FALSE(answers[3]);
+  ASSERT_TRUE(RunOnCpu(cpus[0], [&] { answers[0] = creator_->peer_waits_on_this_cpu(); }));
+  EXPECT_FALSE(answers[0]) << "the opener said it moved";
+}
+
 TEST_F(ShmChannelTest, PeekShowsTheRestOfOneRecordAndConsumeMovesOn) {
   const std::vector<uint8_t> a = pattern(0, 130, kCreatorToOpener);
   EXPECT_FALSE(opener_->has_incoming());
