@@ -69,37 +69,29 @@ int cpus_allowed_by_quota(std::string_view cpu_max) {
   return static_cast<int>(std::min<int64_t>((*quota + *period - 1) / *period, 1 << 20));
 }
 
-namespace {
-
-// The fewest CPUs a cgroup v2 quota allows this process, on its cgroup or
-// one above; 0 for none (or no cgroup v2).
-int cpus_of_cgroup_quota() {
-  // "0::/some/path" is the cgroup v2 line of /proc/self/cgroup.
-  const std::string lines = "\n" + read_small_file("/proc/self/cgroup");
+int cpus_allowed_by_cgroups(std::string_view proc_cgroup, const std::string& root) {
+  // "0::/some/path" is the cgroup v2 line.
+  const std::string lines = "\n" + std::string(proc_cgroup);
   const size_t at = lines.find("\n0::/");
   if (at == std::string::npos) return 0;
   const size_t begin = at + 4;  // the path's first '/'
   std::string path(trim(std::string_view(lines).substr(begin, lines.find('\n', begin) - begin)));
   int fewest = 0;
   while (true) {
-    const int cpus =
-        cpus_allowed_by_quota(read_small_file("/sys/fs/cgroup" + path + "/cpu.max", 64));
+    const int cpus = cpus_allowed_by_quota(read_small_file(root + path + "/cpu.max", 64));
     if (cpus > 0 && (fewest == 0 || cpus < fewest)) fewest = cpus;
     if (path.empty() || path == "/") break;
-    const size_t slash = path.rfind('/');
-    path.resize(slash == std::string::npos ? 0 : slash);
+    path.resize(path.rfind('/'));  // the parent's: "/a/b" to "/a", "/a" to ""
   }
   return fewest;
 }
-
-}  // namespace
 
 int usable_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
   if (cpus <= 0) cpus = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
-  const int quota = cpus_of_cgroup_quota();
+  const int quota = cpus_allowed_by_cgroups(read_small_file("/proc/self/cgroup"), "/sys/fs/cgroup");
   return std::max(1, quota > 0 ? std::min(cpus, quota) : cpus);
 }
 

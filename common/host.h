@@ -25,16 +25,23 @@ uint64_t pid_namespace_id();
 // reports by throwing.
 std::string read_small_file(const std::string& path, size_t limit = 4096);
 
-// How many CPUs this process's threads may run on at once: the CPUs in
-// its affinity mask (taskset, a cpuset), fewer where a cgroup v2 CPU quota
-// (cpu.max, as `docker run --cpus` sets) on its cgroup or one above allows
-// less CPU time than that, rounded up; at least 1. Read afresh at each call
-// (a few system calls and small file reads).
+// How many CPUs the calling thread may run on at once: the CPUs in its
+// affinity mask (a whole process's under taskset or a cpuset), fewer where
+// a cgroup v2 CPU quota (cpu.max, as `docker run --cpus` sets) on the
+// process's cgroup or one above allows less CPU time than that, rounded
+// up; at least 1. Read afresh at each call: a system call and a few small
+// file reads. (cgroup v1 quotas are not read.)
 int usable_cpus();
 
 // The CPUs a cgroup v2 cpu.max line ("max 100000", "150000 100000") allows,
 // rounded up; 0 for no limit, or a line it cannot read.
 int cpus_allowed_by_quota(std::string_view cpu_max);
+
+// The fewest CPUs the cgroup v2 quotas allow a process whose
+// /proc/self/cgroup reads `proc_cgroup`, on its cgroup and each one above
+// it, with the cgroup v2 hierarchy at `root` (/sys/fs/cgroup): 0 for no
+// limit, or no cgroup v2 line. (Part of usable_cpus(), apart for tests.)
+int cpus_allowed_by_cgroups(std::string_view proc_cgroup, const std::string& root);
 
 // Fills `size` bytes from the kernel's CSPRNG (getrandom). Aborts if the
 // kernel cannot supply randomness: tokens must never be predictable.

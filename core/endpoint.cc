@@ -2036,7 +2036,8 @@ class EndpointImpl final : public NoticeTaker {
         idle_since = now;
         spin_until = std::min(deadline.get(), now + busy_poll_);
         yield_until = std::min(deadline.get(), spin_until + stretch_.length());
-        core_shared = one_cpu_ || ring_.peer_waits_on_this_cpu();
+        // The ring hears where this side waits even when one_cpu_ settles it.
+        core_shared = ring_.peer_waits_on_this_cpu() || one_cpu_;
       }
       if (now < spin_until) {
         relax(core_shared);
@@ -2116,13 +2117,14 @@ class EndpointImpl final : public NoticeTaker {
   // there) came 32 times less often. A look at the socket is a system call,
   // and a yield lets other threads run meanwhile.
   //
-  // `core_shared`: this process may run on one CPU alone (one_cpu_), or the
-  // peer's reader began its last wait on this thread's CPU (a same-host
-  // ring tells). Then the peer runs only when this side lets go of the
-  // core, so a wait yields from its first look: with both processes on
-  // one CPU an 8 B message went one way through shared memory in 1.8-2.6
-  // µs so, against 204-210 when the wait spun for its whole window (UCX,
-  // whose waits spin until the kernel preempts them: about 4000).
+  // `core_shared`: the endpoint's maker may run on one CPU alone
+  // (one_cpu_), or the peer's reader began its last wait on this thread's
+  // CPU (a same-host ring tells). Then the peer runs only when this side
+  // lets go of the core, so a wait yields from its first look: with both
+  // processes on one CPU an 8 B message went one way through shared
+  // memory in 1.6-2.6 µs so, against 204-210 when the wait spun for its
+  // whole window (UCX, whose waits spin until the kernel preempts them:
+  // 3200-4000).
   void relax(bool core_shared) {
     if (!ring_ || core_shared) {
       std::this_thread::yield();
@@ -3066,8 +3068,11 @@ class EndpointImpl final : public NoticeTaker {
 
   Manager& manager_;
   const std::chrono::microseconds busy_poll_ = manager_.config().busy_poll;
-  SpinStretch stretch_;                     // the reader role's holder alone (lead)
-  const bool one_cpu_ = usable_cpus() < 2;  // this process may run on one CPU alone
+  SpinStretch stretch_;  // the reader role's holder alone (lead)
+  // The thread that made the endpoint may run on one CPU alone (its
+  // affinity mask, its cgroup's quota): so may, in all likelihood, its
+  // peer and the threads that wait on the endpoint.
+  const bool one_cpu_ = usable_cpus() < 2;
   Fd fd_;  // the TCP connection: frames, or with ring_ doorbells (or nothing) and its end
   RingChannel ring_;           // the channel frames take, when not fd_
   const std::string channel_;  // Endpoint::channel()

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 
 #include "common/copy.h"
@@ -133,6 +134,8 @@ ShmChannel::Layout& ShmChannel::layout() const {
 
 Result<std::unique_ptr<ShmChannel>> ShmChannel::create() {
   static_assert(sizeof(Layout) <= kDataOffset);
+  // Where docs/wire-format.md says the waiter CPUs lie.
+  static_assert(offsetof(Layout, waiter_cpus) == 320 && sizeof(WaiterCpu) == 64);
   // Sealed at its size: both sides hold it read-write (common/shared_file.h).
   RDMABUF_ASSIGN_OR_RETURN(
       Fd fd, create_sealed_memfd("rdmabuf-endpoint", kFileBytes, "the endpoint's shared rings"));

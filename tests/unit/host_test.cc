@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
@@ -80,6 +82,7 @@ TEST(UsableCpusTest, FollowsTheThreadsAffinityMask) {
     }
     if (sched_setaffinity(0, sizeof one, &one) == 0) pinned = usable_cpus();
   }).join();
+  if (pinned == -1) GTEST_SKIP() << "a thread cannot be pinned here (a sandbox may forbid it)";
   EXPECT_EQ(pinned, 1);
 }
 
@@ -95,6 +98,31 @@ TEST(UsableCpusTest, ReadsCgroupQuotasRoundedUp) {
   EXPECT_EQ(cpus_allowed_by_quota("-5 100000"), 0);
   EXPECT_EQ(cpus_allowed_by_quota("100000 0"), 0);
   EXPECT_EQ(cpus_allowed_by_quota("lots 100000"), 0);
+}
+
+TEST(UsableCpusTest, TakesTheFewestCpusOfTheQuotasOnTheCgroupAndThoseAboveIt) {
+  char dir_template[] = "/tmp/rdmabuf-cgroups-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string root = dir_template;
+  const auto put = [&](const std::string& cgroup, const std::string& cpu_max) {
+    std::filesystem::create_directories(root + cgroup);
+    std::ofstream(root + cgroup + "/cpu.max") << cpu_max;
+  };
+  put("/", "300000 100000\n");  // a container's own root, in its namespace
+  put("/a", "max 100000\n");
+  put("/a/b", "150000 100000\n");
+  std::filesystem::create_directories(root + "/a/b/c");  // no quota of its own
+  EXPECT_EQ(cpus_allowed_by_cgroups("0::/a/b/c\n", root), 2);
+  EXPECT_EQ(cpus_allowed_by_cgroups("0::/a/b/c", root), 2) << "no newline at the end";
+  EXPECT_EQ(cpus_allowed_by_cgroups("0::/a\n", root), 3);
+  EXPECT_EQ(cpus_allowed_by_cgroups("0::/\n", root), 3);
+  // cgroup v1 lines beside the v2 one, as on a hybrid host.
+  EXPECT_EQ(cpus_allowed_by_cgroups("12:cpu,cpuacct:/a\n0::/a/b\n", root), 2);
+  // No cgroup v2 line, or a cgroup gone: no limit said.
+  EXPECT_EQ(cpus_allowed_by_cgroups("12:cpu,cpuacct:/a/b\n", root), 0);
+  EXPECT_EQ(cpus_allowed_by_cgroups("", root), 0);
+  EXPECT_EQ(cpus_allowed_by_cgroups("0::/gone\n", root + "/nowhere"), 0);
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
