@@ -143,9 +143,9 @@ class ShmChannel {
   // says which CPU it runs on (sched_getcpu), and asks where the peer's
   // reader last said it ran: when on the same CPU, spinning keeps the
   // peer from running (the endpoint's reader yields instead: relax() in
-  // core/endpoint.cc). A store only when the CPU changed,
-  // so that the line stays in both caches. The peer's value is a hint: a
-  // hostile peer can only make this side yield, or not.
+  // core/endpoint.cc). A store only when the CPU changed, so that the line
+  // stays in both caches. The peer's value is a hint: a hostile peer can
+  // only make this side yield, or not.
   bool peer_waits_on_this_cpu();
 
   // Each ring's capacity in bytes, records' headers and padding included.

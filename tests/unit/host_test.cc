@@ -10,11 +10,11 @@
 #include <fstream>
 #include <set>
 #include <string>
-#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "common/host.h"
+#include "tests/helpers/pinned.h"
 
 namespace rdmabuf {
 namespace {
@@ -71,18 +71,13 @@ TEST(UsableCpusTest, FollowsTheThreadsAffinityMask) {
   EXPECT_GE(usable_cpus(), 1);
   EXPECT_LE(usable_cpus(), CPU_COUNT(&all));
   // A thread pinned to one CPU (taskset -c 0 does this to a whole process).
+  int first = 0;
+  while (!CPU_ISSET(first, &all))
+    ++first;
   int pinned = -1;
-  std::thread([&] {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (!CPU_ISSET(cpu, &all)) continue;
-      CPU_SET(cpu, &one);
-      break;
-    }
-    if (sched_setaffinity(0, sizeof one, &one) == 0) pinned = usable_cpus();
-  }).join();
-  if (pinned == -1) GTEST_SKIP() << "a thread cannot be pinned here (a sandbox may forbid it)";
+  if (!testing::RunOnCpu(first, [&] { pinned = usable_cpus(); })) {
+    GTEST_SKIP() << "a thread cannot be pinned to CPU " << first << " here";
+  }
   EXPECT_EQ(pinned, 1);
 }
 

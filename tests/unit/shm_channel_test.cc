@@ -37,6 +37,7 @@
 
 #include "common/socket.h"
 #include "core/shm_channel.h"
+#include "tests/helpers/pinned.h"
 #include "tests/helpers/printers.h"
 
 namespace rdmabuf {
@@ -517,23 +518,6 @@ TEST_F(ShmChannelTest, BytesArriveInOrderEachWayAndTheDirectionsAreIndependent) 
   EXPECT_EQ(take(*opener_, got.data(), got.size()), 0u);
 }
 
-// Runs `what` on a thread of its own pinned to `cpu`, for tests of the
-// waiter-CPU hint: false, and `what` not run, when this environment does
-// not let a thread be pinned there (a sandbox may forbid it).
-template <typename What>
-bool RunOnCpu(int cpu, What what) {
-  bool pinned = false;
-  std::thread([&] {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    if (sched_setaffinity(0, sizeof one, &one) != 0 || sched_getcpu() != cpu) return;
-    pinned = true;
-    what();
-  }).join();
-  return pinned;
-}
-
 TEST_F(ShmChannelTest, EachSideSeesWhetherThePeersReaderWaitsOnItsCpu) {
   cpu_set_t allowed;
   ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
@@ -542,7 +526,7 @@ TEST_F(ShmChannelTest, EachSideSeesWhetherThePeersReaderWaitsOnItsCpu) {
     if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
   }
   bool answers[3] = {};
-  if (!RunOnCpu(cpus[0], [&] {
+  if (!testing::RunOnCpu(cpus[0], [&] {
         answers[0] = creator_->peer_waits_on_this_cpu();  // the opener has not said yet
         answers[1] = opener_->peer_waits_on_this_cpu();
         answers[2] = creator_->peer_waits_on_this_cpu();
@@ -554,10 +538,10 @@ TEST_F(ShmChannelTest, EachSideSeesWhetherThePeersReaderWaitsOnItsCpu) {
   EXPECT_TRUE(answers[2]);
   if (cpus.size() < 2) GTEST_SKIP() << "one CPU here: no second CPU to move the opener to";
   bool moved = true;
-  ASSERT_TRUE(RunOnCpu(cpus[1], [&] { moved = opener_->peer_waits_on_this_cpu(); }));
+  ASSERT_TRUE(testing::RunOnCpu(cpus[1], [&] { moved = opener_->peer_waits_on_this_cpu(); }));
   EXPECT_FALSE(moved) << "the creator said it waits on another CPU";
   bool back = true;
-  ASSERT_TRUE(RunOnCpu(cpus[0], [&] { back = creator_->peer_waits_on_this_cpu(); }));
+  ASSERT_TRUE(testing::RunOnCpu(cpus[0], [&] { back = creator_->peer_waits_on_this_cpu(); }));
   EXPECT_FALSE(back) << "the opener said it moved";
 }
 
