@@ -72,7 +72,7 @@ out=$build/callgrind.ping_pong.out
 LD_BIND_NOW=1 RDMABUF_BACKENDS=$backends valgrind --tool=callgrind --callgrind-out-file="$out" \
   --log-file="$build/callgrind.ping_pong.log" \
   --toggle-collect='*measured_round_trips*' \
-  "$build/tools/rdmabuf_ping_pong" "$address" "$size" "$trips" | grep -v -e "^median" -e "^p90"
+  "$build/tools/rdmabuf_ping_pong" "$address" "$size" "$trips" | grep -v -e "^median" -e "^p90" -e "^p1 "
 annotated=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null)
 counts=$(awk -v trips="$trips" '
     match($0, /endpoint\.cc:rdmabuf::(PendingReceive::wait|Endpoint::send|Endpoint::post_receive)\(/) {
