@@ -120,9 +120,13 @@ ucx_run() {
 for round in $(seq "$rounds"); do
   for entry in "${builds[@]}"; do
     name=${entry%%=*}
-    median=$(rdmabuf_run "${entry#*=}")
-    echo "round $round $name $median"
-    echo "$round $name $median" >>"$results"
+    median=$(rdmabuf_run "${entry#*=}" || true)
+    if [ -n "$median" ]; then
+      echo "round $round $name $median"
+      echo "$round $name $median" >>"$results"
+    else
+      echo "round $round $name failed"
+    fi
   done
   if [ -n "$ucx" ]; then
     typical=$(ucx_run)
