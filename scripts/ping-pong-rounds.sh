@@ -74,13 +74,10 @@ if [ -n "$ucx" ] && ! command -v ucx_perftest >/dev/null; then
 fi
 
 results=$(mktemp)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -f "$results" "$results".*
-}
-trap cleanup EXIT
+trap 'rm -f "$results" "$results".*' EXIT
+
+# The runs below each go in a command substitution's subshell: each stops
+# its own server when that subshell exits, however it exits.
 
 # One rdmabuf run with the library in $1 (empty: the tree's): its median.
 rdmabuf_run() {
@@ -88,7 +85,9 @@ rdmabuf_run() {
   LD_LIBRARY_PATH=$lib RDMABUF_BACKENDS=$backend "$build/tools/rdmabuf" serve --size "$size" \
     --pattern zero --endpoint >"$served" 2>&1 &
   local server=$!
-  pids+=("$server")
+  # Expanded now: the subshell exits after this function's locals are gone.
+  # shellcheck disable=SC2064
+  trap "kill $server 2>/dev/null || true; wait $server 2>/dev/null || true" EXIT
   for _ in $(seq 100); do
     address=$(awk '$1 == "endpoint" { print $2 }' "$served")
     [ -n "$address" ] && break
@@ -97,8 +96,6 @@ rdmabuf_run() {
   [ -n "$address" ] || { echo "ping-pong-rounds: the server printed no address:" >&2; cat "$served" >&2; return 1; }
   out=$(LD_LIBRARY_PATH=$lib RDMABUF_BACKENDS=$backend "$build/tools/rdmabuf_ping_pong" \
     "$address" "$size" "$trips")
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
   awk '/^median one way/ { print $4 }' <<<"$out"
 }
 
@@ -109,7 +106,6 @@ ucx_run() {
   env "${ucx_env[@]}" timeout 120 ucx_perftest -p "$port" -t tag_lat -s "$size" -n "$trips" \
     >/dev/null 2>&1 &
   local server=$!
-  pids+=("$server")
   sleep 1
   line=$(env "${ucx_env[@]}" timeout 120 ucx_perftest -p "$port" 127.0.0.1 -t tag_lat -s "$size" \
     -n "$trips" 2>&1 | awk '$1 == "Final:" { print $3 }')
@@ -140,7 +136,7 @@ for round in $(seq "$rounds"); do
 done
 
 echo "$backend, $size B, $trips trips a run, $rounds rounds: µs one way"
-awk '
+awk -v rounds="$rounds" '
   function median(list, n,    sorted, i, j, t) {
     for (i = 1; i <= n; ++i) sorted[i] = list[i]
     for (i = 2; i <= n; ++i)  # insertion sort: a few dozen values
@@ -158,8 +154,8 @@ awk '
       line = sprintf("%-8s median %8.2f", name, median(values, n))
       if (name != "UCX" && ("UCX" in seen)) {
         m = 0; lo = ""; hi = ""
-        for (round = 1; round <= count[name]; ++round) {
-          if (!((round, "UCX") in of) || of[round, name] == 0) continue
+        for (round = 1; round <= rounds; ++round) {  # a failed run left no line
+          if (!((round, "UCX") in of) || !((round, name) in of)) continue
           r = of[round, "UCX"] / of[round, name]
           ratios[++m] = r
           if (lo == "" || r < lo) lo = r
