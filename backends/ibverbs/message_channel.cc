@@ -12,6 +12,7 @@
 
 #include "backends/ibverbs/handshake.h"
 #include "backends/ibverbs/queue_pair.h"
+#include "common/copy.h"
 #include "common/socket.h"
 #include "common/wire.h"
 
@@ -43,13 +44,8 @@ constexpr uint64_t kSignalEvery = 8;
 static_assert(kSlots % kSignalEvery == 0 && kSignalEvery <= kSlots / 2);
 // SENDs up to this size go inline (IBV_SEND_INLINE): in the work request
 // itself, so the NIC need not read them from memory. Asked of the device,
-// which may grant more or less: the pair's grant is the limit.
+// which may grant more or less: the smaller of the two is the limit.
 constexpr uint32_t kInlineBytes = 256;
-// Gather entries a SEND may have, asked of the device: a SEND that goes
-// inline takes the writer's pieces (credits held back, a frame's header, a
-// message) where they lie, and the device copies them into the work
-// request; no send slot is written.
-constexpr uint32_t kInlinePieces = 4;
 // Receives read out are posted again, with one ibv_post_recv for them all,
 // when the reader next finds nothing to read (off the path from a message
 // to its answer, where posting eight, about 900 instructions, held up one
@@ -282,7 +278,6 @@ class VerbsChannel final : public MessageChannel {
     shape.pd = pd_;
     shape.remote_access = IBV_ACCESS_REMOTE_READ;  // the count word's reads alone
     shape.inline_bytes = kInlineBytes;
-    shape.send_sges = kInlinePieces;
     RDMABUF_ASSIGN_OR_RETURN(qp_, QueuePair::create(*device_, shape));
     if (qp_->depth() < kSlots + 1) {
       return ResourceExhausted("the device takes " + std::to_string(qp_->depth()) +
@@ -316,12 +311,11 @@ class VerbsChannel final : public MessageChannel {
   }
 
   // Copies the bytes into the next send slots and posts a SEND for each;
-  // bytes that go inline are posted from where they lie (post_inline_send).
+  // bytes that go inline are gathered into the work request (post_inline_send).
   Status post_sends(std::span<const uint8_t> first,
                     std::span<const std::span<const uint8_t>> pieces, size_t total) {
-    if (total <= qp_->inline_bytes() &&
-        1 + pieces.size() <= std::min(qp_->send_sges(), kInlinePieces)) {
-      return post_inline_send(first, pieces);
+    if (total <= std::min(qp_->inline_bytes(), kInlineBytes)) {
+      return post_inline_send(first, pieces, total);
     }
     ibv_sge sge[kSlots];
     ibv_send_wr wr[kSlots];
@@ -354,25 +348,28 @@ class VerbsChannel final : public MessageChannel {
     return post_chain(wr, count);
   }
 
-  // One SEND of up to the pair's inline bytes, gathered from `first` and
-  // `pieces` (at most send_sges() of them): the device copies them into
-  // the work request before ibv_post_send returns. Its send slot, counted
-  // as every SEND's is, goes unwritten.
+  // One SEND of `total` bytes (at most the pair's inline bytes and
+  // kInlineBytes), `first` then `pieces`: gathered on the stack into one
+  // piece, which the device copies into the work request before
+  // ibv_post_send returns. One gather entry, not one per piece: a
+  // provider that copies inline bytes itself (Soft-RoCE's) makes a call
+  // per entry, and an endpoint's small message comes in three (credits,
+  // header, message). Its send slot, counted as every SEND's is, goes
+  // unwritten.
   Status post_inline_send(std::span<const uint8_t> first,
-                          std::span<const std::span<const uint8_t>> pieces) {
-    ibv_sge sge[kInlinePieces];
-    int count = 0;
+                          std::span<const std::span<const uint8_t>> pieces, size_t total) {
+    uint8_t gathered[kInlineBytes];
+    size_t at = 0;
     auto add = [&](std::span<const uint8_t> bytes) {
-      if (bytes.empty()) return;
-      sge[count++] = {reinterpret_cast<uintptr_t>(bytes.data()),
-                      static_cast<uint32_t>(bytes.size()),
-                      slots_mr_->lkey()};  // unused: inline bytes are not read by the device
+      copy_short(gathered + at, bytes.data(), bytes.size());
+      at += bytes.size();
     };
     add(first);
     for (const auto& piece : pieces)
       add(piece);
-    ibv_send_wr wr =
-        send_request(sends_posted_, sge, count, /*inline_bytes=*/true, posted_for_peer());
+    ibv_sge sge{reinterpret_cast<uintptr_t>(gathered), static_cast<uint32_t>(total),
+                slots_mr_->lkey()};  // unused: inline bytes are not read by the device
+    ibv_send_wr wr = send_request(sends_posted_, &sge, 1, /*inline_bytes=*/true, posted_for_peer());
     return post_chain(&wr, 1);
   }
 

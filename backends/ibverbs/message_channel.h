@@ -6,8 +6,8 @@
 // at a time while messages keep coming. A write copies its bytes into
 // send slots (registered too) and posts one SEND per slot, so the peer's
 // NIC puts them straight into a posted receive; the reader takes them
-// where they lie. Small SENDs go inline (in the work request, gathered
-// from the writer's bytes where they lie, with no copy into a slot), and
+// where they lie. Small SENDs go inline (in the work request, the
+// writer's pieces gathered on the stack, with no copy into a slot), and
 // only one in eight asks for a completion (the send queue completes in
 // order).
 //
