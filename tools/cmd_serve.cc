@@ -142,14 +142,16 @@ class EndpointServer {
       }
       if (!echoes && size.ok()) echoes = *size > 0 && into.data()[0] == std::byte{'E'};
       const bool echo = size.ok() && echoes.value_or(false);
-      // Only an echo needs the message as memory of its own (a copy of
-      // `into`, taken before the receive is posted again): a dropped message
-      // costs no reference counting.
-      std::optional<LocalMemory> message;
-      if (echo) {
+      // The echo goes from `into` itself (the send is done before the
+      // receive is posted again), sliced only when the message was shorter:
+      // a message that fills its receive costs no reference counting.
+      const LocalMemory* message = &into;
+      std::optional<LocalMemory> shorter;
+      if (echo && *size < into.size()) {
         auto sliced = into.slice(0, *size);
         if (!sliced.ok()) return;
-        message = std::move(sliced).value();
+        shorter = std::move(sliced).value();
+        message = &*shorter;
       }
       auto post_again = [&] {
         auto again = endpoint.post_receive(buffers[i]);
