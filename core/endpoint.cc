@@ -2293,8 +2293,8 @@ class EndpointImpl final : public NoticeTaker {
     }
   }
 
-  // Shared-memory channel, nothing buffered: takes the frames at the front
-  // of the ring where they lie, with no copy through in_. A message
+  // A ring channel (shared memory or RDMA), nothing buffered: takes the
+  // frames at the front of the ring where they lie, with no copy through in_. A message
   // (kSentInline, kSentPart) is copied once, ring to receive; any other
   // frame up to kSmallFrame bytes is copied whole onto the stack first (the
   // peer may write the ring meanwhile), then dispatched. Stops at a larger
@@ -2314,9 +2314,9 @@ class EndpointImpl final : public NoticeTaker {
     // Over RDMA, the unread bytes the last peek() gave, less the frames
     // taken since: the next frame is looked for there first, and peek() is
     // called again only when they end (a credit and the message behind it,
-    // one SEND, take one call through MessageChannel, not two). Bytes a
-    // consume() did not give back stay the reader's, so the view stays
-    // valid; `stale`: more may have come since. The rings' peek() is
+    // one SEND, take one peek() through MessageChannel, not two; each frame
+    // is still consumed on its own). Bytes a consume() did not give back
+    // stay valid (MessageChannel::peek); `stale`: more may have come since. The rings' peek() is
     // inline and cheap, and a credit there is most often a record of its
     // own: each frame peeks afresh (keeping the view cost the shared-memory
     // ping-pong about 25 instructions a round trip).

@@ -44,7 +44,9 @@ constexpr uint64_t kSignalEvery = 8;
 static_assert(kSlots % kSignalEvery == 0 && kSignalEvery <= kSlots / 2);
 // SENDs up to this size go inline (IBV_SEND_INLINE): in the work request
 // itself, so the NIC need not read them from memory. Asked of the device,
-// which may grant more or less: the smaller of the two is the limit.
+// which may grant more or less. A write of up to the smaller of the two is
+// gathered on the stack and goes inline (post_inline_send); a send slot's
+// bytes go inline up to the device's grant.
 constexpr uint32_t kInlineBytes = 256;
 // Receives read out are posted again, with one ibv_post_recv for them all,
 // when the reader next finds nothing to read (off the path from a message

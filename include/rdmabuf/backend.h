@@ -383,8 +383,9 @@ class MessageChannel {
   // Whether bytes are waiting. Cheap: a reader spins on it.
   virtual bool has_incoming() = 0;
   // The waiting bytes from the read position on, as far as they lie in one
-  // piece; empty when none. Valid until consume() or read_some().
-  // kUnavailable when the transport failed.
+  // piece; empty when none. Valid until read_some(), and through consume()
+  // for the bytes it did not give back (a reader takes several frames from
+  // one view). kUnavailable when the transport failed.
   virtual Result<std::span<const uint8_t>> peek() = 0;
   // Gives `size` bytes of the last peek() back (at most those).
   virtual void consume(size_t size) = 0;
