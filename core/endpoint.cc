@@ -2294,10 +2294,11 @@ class EndpointImpl final : public NoticeTaker {
   }
 
   // A ring channel (shared memory or RDMA), nothing buffered: takes the
-  // frames at the front of the ring where they lie, with no copy through in_. A message
-  // (kSentInline, kSentPart) is copied once, ring to receive; any other
-  // frame up to kSmallFrame bytes is copied whole onto the stack first (the
-  // peer may write the ring meanwhile), then dispatched. Stops at a larger
+  // frames at the front of the ring where they lie, with no copy through
+  // in_. A message (kSentInline, kSentPart) is copied once, ring to
+  // receive; any other frame up to kSmallFrame bytes is copied whole onto
+  // the stack first (the peer may write the ring meanwhile), then
+  // dispatched. Stops at a larger
   // frame, one not whole in one piece, or a notification while the queue is
   // full: pump() copies those. A run of small messages and credits
   // (kPosted), the frames of a steady stream, is taken under one hold of
@@ -2316,10 +2317,10 @@ class EndpointImpl final : public NoticeTaker {
     // called again only when they end (a credit and the message behind it,
     // one SEND, take one peek() through MessageChannel, not two; each frame
     // is still consumed on its own). Bytes a consume() did not give back
-    // stay valid (MessageChannel::peek); `stale`: more may have come since. The rings' peek() is
-    // inline and cheap, and a credit there is most often a record of its
-    // own: each frame peeks afresh (keeping the view cost the shared-memory
-    // ping-pong about 25 instructions a round trip).
+    // stay valid (MessageChannel::peek); `stale`: more may have come since.
+    // The rings' peek() is inline and cheap, and a credit there is most
+    // often a record of its own: each frame peeks afresh (keeping the view
+    // cost the shared-memory ping-pong about 25 instructions a round trip).
     const bool keep_view = ring_.is_rdma();
     std::span<const uint8_t> ring;
     bool stale = false;

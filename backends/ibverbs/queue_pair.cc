@@ -51,21 +51,19 @@ Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const
   init.qp_type = IBV_QPT_RC;
   init.cap.max_send_wr = qp->depth_;
   init.cap.max_recv_wr = std::max<uint32_t>(receive_depth, 1);
-  init.cap.max_send_sge = std::max<uint32_t>(shape.send_sges, 1);
+  init.cap.max_send_sge = 1;  // no work request gathers more (an inline SEND gathers on the stack)
   init.cap.max_recv_sge = 1;
   init.sq_sig_all = 0;
   init.cap.max_inline_data = shape.inline_bytes;
   ibv_pd* pd = shape.pd ? shape.pd : device.pd();
   qp->qp_ = lib.create_qp(pd, &init);
-  if (!qp->qp_ && (init.cap.max_inline_data > 0 || init.cap.max_send_sge > 1)) {
+  if (!qp->qp_ && init.cap.max_inline_data > 0) {
     // More than the device carries: the least then.
     init.cap.max_inline_data = 0;
-    init.cap.max_send_sge = 1;
     qp->qp_ = lib.create_qp(pd, &init);
   }
   if (!qp->qp_) return ResourceExhausted("cannot create a queue pair: " + errno_text(errno));
   qp->inline_bytes_ = init.cap.max_inline_data;  // what the device granted
-  qp->send_sges_ = std::max<uint32_t>(init.cap.max_send_sge, 1);
   qp->psn_ = static_cast<uint32_t>(secure_random_u64() & 0xffffff);
 
   ibv_qp_attr attr{};

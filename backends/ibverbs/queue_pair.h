@@ -36,9 +36,6 @@ class QueuePair {
     // Bytes a SEND may carry in its work request (IBV_SEND_INLINE), asked
     // for; the pair gets what the device grants, or none (inline_bytes()).
     uint32_t inline_bytes = 0;
-    // Gather entries a send work request may have, asked for; the pair
-    // gets what the device grants (send_sges(), at least 1).
-    uint32_t send_sges = 1;
   };
   // Completion queues and a queue pair in INIT, allowing the peer
   // `shape.remote_access` into memory registered for it.
@@ -65,7 +62,6 @@ class QueuePair {
   // The most a work request posted with IBV_SEND_INLINE may carry.
   uint32_t inline_bytes() const { return inline_bytes_; }
   // The most gather entries a send work request may have.
-  uint32_t send_sges() const { return send_sges_; }
 
  private:
   QueuePair(const Device& device) : device_(device) {}
@@ -76,7 +72,6 @@ class QueuePair {
   ibv_qp* qp_ = nullptr;
   uint32_t depth_ = 0;
   uint32_t inline_bytes_ = 0;
-  uint32_t send_sges_ = 1;
   uint32_t psn_ = 0;
   uint8_t rd_atomic_ = 1;
 };
