@@ -54,17 +54,9 @@ RDMABUF_BACKENDS=$backends "$build/tools/rdmabuf" serve --size "$size" --pattern
   --endpoint >"$served" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true; rm -f "$served"' EXIT
-address=
-for _ in $(seq 50); do
-  address=$(awk '$1 == "endpoint" { print $2 }' "$served")
-  [ -n "$address" ] && break
-  sleep 0.1
-done
-if [ -z "$address" ]; then
-  echo "count-instructions: the server printed no endpoint address:" >&2
-  cat "$served" >&2
-  exit 1
-fi
+# shellcheck source=scripts/lib/ping-pong.sh
+. scripts/lib/ping-pong.sh
+address=$(endpoint_address "$served")
 
 out=$build/callgrind.ping_pong.out
 # Counted: only the measured trips (not the warm-up's, not start-up), with
@@ -98,25 +90,14 @@ if ! command -v ucx_perftest >/dev/null; then
   echo "(ucx_perftest not found: install ucx-utils to see UCX's count beside)"
   exit 0
 fi
-case $backends in
-  tcp) ucx_tls=tcp,self ;;
-  # Over verbs (in scripts/softroce-vm): UCX's reliable connections, set up
-  # through ud_verbs, which on Soft-RoCE connect only on an IPv6 GID.
-  ibverbs)
-    ucx_tls=rc_verbs,ud_verbs,self
-    device=$(ls /sys/class/infiniband | head -1)
-    export UCX_NET_DEVICES=${UCX_NET_DEVICES:-$device:1}
-    export UCX_IB_GID_INDEX=${UCX_IB_GID_INDEX:-${RDMABUF_IB_GID_INDEX:-0}}
-    ;;
-  *) ucx_tls=posix,sysv,self ;;
-esac
+ucx_env_for "$backends"
 # The instructions of one ucx_perftest tag_lat client of $1 iterations.
 ucx_instructions() {
   local n=$1 port=$((20000 + RANDOM % 20000))
-  UCX_TLS=$ucx_tls ucx_perftest -p "$port" -t tag_lat -s "$size" -n "$n" >/dev/null 2>&1 &
+  env "${ucx_env[@]}" ucx_perftest -p "$port" -t tag_lat -s "$size" -n "$n" >/dev/null 2>&1 &
   local ucx_server=$!
   sleep 1
-  UCX_TLS=$ucx_tls valgrind --tool=callgrind --callgrind-out-file="$build/callgrind.ucx.$n.out" \
+  env "${ucx_env[@]}" valgrind --tool=callgrind --callgrind-out-file="$build/callgrind.ucx.$n.out" \
     --log-file="$build/callgrind.ucx.$n.log" ucx_perftest -p "$port" localhost -t tag_lat \
     -s "$size" -n "$n" >/dev/null 2>&1 || { kill $ucx_server 2>/dev/null; return 1; }
   wait $ucx_server || true
@@ -127,6 +108,6 @@ if ! short=$(ucx_instructions "$trips") || ! long=$(ucx_instructions $((3 * trip
   exit 1
 fi
 ucx_count=$(((long - short) / (2 * trips)))
-awk -v r="$rdmabuf_count" -v c="$client_count" -v u="$ucx_count" -v tls="$ucx_tls" 'BEGIN {
+awk -v r="$rdmabuf_count" -v c="$client_count" -v u="$ucx_count" -v tls="${ucx_env[0]#UCX_TLS=}" 'BEGIN {
   printf "%-26s %6d instructions per round trip (ucx_perftest tag_lat, UCX_TLS=%s)\n", "UCX", u, tls
   printf "x (UCX / rdmabuf, above 1: rdmabuf does less) %.2f library, %.2f whole client\n", u / r, u / c }'

@@ -55,19 +55,12 @@ done
 for tool in "$build/tools/rdmabuf" "$build/tools/rdmabuf_ping_pong"; do
   [ -x "$tool" ] || { echo "ping-pong-rounds: $tool not built (scripts/setup.sh)" >&2; exit 1; }
 done
-case $backend in
-  ibverbs)
-    export RDMABUF_IB_GID_INDEX=${RDMABUF_IB_GID_INDEX:-0}
-    device=
-    for path in /sys/class/infiniband/*; do
-      [ -e "$path" ] && device=${path##*/} && break
-    done
-    [ -n "$device" ] || { echo "ping-pong-rounds: no RDMA device (run inside scripts/softroce-vm)" >&2; exit 1; }
-    ucx_env=("UCX_TLS=rc_verbs,ud_verbs,self" "UCX_NET_DEVICES=$device:1"
-             "UCX_IB_GID_INDEX=$RDMABUF_IB_GID_INDEX") ;;
-  tcp) ucx_env=("UCX_TLS=tcp,self") ;;
-  *) ucx_env=("UCX_TLS=posix,sysv,self") ;;
-esac
+# shellcheck source=scripts/lib/ping-pong.sh
+. scripts/lib/ping-pong.sh
+if [ "$backend" = ibverbs ]; then
+  export RDMABUF_IB_GID_INDEX=${RDMABUF_IB_GID_INDEX:-0}  # UCX connects on Soft-RoCE's IPv6 GID only
+fi
+ucx_env_for "$backend" || exit 1
 if [ -n "$ucx" ] && ! command -v ucx_perftest >/dev/null; then
   echo "ping-pong-rounds: ucx_perftest not found (install ucx-utils); rdmabuf alone"
   ucx=
@@ -88,12 +81,7 @@ rdmabuf_run() {
   # Expanded now: the subshell exits after this function's locals are gone.
   # shellcheck disable=SC2064
   trap "kill $server 2>/dev/null || true; wait $server 2>/dev/null || true" EXIT
-  for _ in $(seq 100); do
-    address=$(awk '$1 == "endpoint" { print $2 }' "$served")
-    [ -n "$address" ] && break
-    sleep 0.1
-  done
-  [ -n "$address" ] || { echo "ping-pong-rounds: the server printed no address:" >&2; cat "$served" >&2; return 1; }
+  address=$(endpoint_address "$served") || return 1
   out=$(LD_LIBRARY_PATH=$lib RDMABUF_BACKENDS=$backend "$build/tools/rdmabuf_ping_pong" \
     "$address" "$size" "$trips")
   awk '/^median one way/ { print $4 }' <<<"$out"

@@ -40,8 +40,11 @@ if [ -z "${SOFTROCE_VM:-}" ]; then
   exit 2
 fi
 mountpoint -q "$tracing" || mount -t tracefs nodev "$tracing"
-device=$(ls /sys/class/infiniband | head -1)
+# shellcheck source=scripts/lib/ping-pong.sh
+. scripts/lib/ping-pong.sh
+device=$(first_rdma_device)
 export RDMABUF_IB_GID_INDEX=${RDMABUF_IB_GID_INDEX:-0}  # UCX connects on Soft-RoCE's IPv6 GID only
+ucx_env_for ibverbs
 out=$(mktemp -d)
 pids=()
 cleanup() {
@@ -111,13 +114,8 @@ run_rdmabuf() {  # $1: trace file
   RDMABUF_BACKENDS=ibverbs "$build/tools/rdmabuf" serve --size "$size" --pattern zero \
     --endpoint >"$out/served" 2>&1 &
   pids+=($!)
-  local address=
-  for _ in $(seq 100); do
-    address=$(awk '$1 == "endpoint" { print $2 }' "$out/served")
-    [ -n "$address" ] && break
-    idle 0.2
-  done
-  [ -n "$address" ] || { echo "trip-parts: rdmabuf serve printed no endpoint" >&2; return 1; }
+  local address
+  address=$(endpoint_address "$out/served" 20 idle) || return 1
   # 60000 trips: 4 to 13 s in the VM's boots, so that the window falls
   # inside the measured ones (as 60000 iterations do for UCX below).
   RDMABUF_BACKENDS=ibverbs "$build/tools/rdmabuf_ping_pong" "$address" "$size" 60000 \
@@ -130,8 +128,7 @@ run_rdmabuf() {  # $1: trace file
 
 run_ucx() {  # $1: trace file
   local port=$((20000 + RANDOM % 20000))
-  export UCX_NET_DEVICES=$device:1 UCX_IB_GID_INDEX=$RDMABUF_IB_GID_INDEX \
-    UCX_TLS=rc_verbs,ud_verbs,self
+  export "${ucx_env[@]}"
   ucx_perftest -p "$port" -t tag_lat -s "$size" -n 60000 >/dev/null 2>&1 &
   pids+=($!)
   idle 1.5
@@ -140,7 +137,7 @@ run_ucx() {  # $1: trace file
   wait_for_trips 3  # past the warm-up's 10000 iterations
   trace_window "$1" 'ucx_perftest'
   finish_run "${pids[0]}" "${pids[1]}"
-  unset UCX_NET_DEVICES UCX_IB_GID_INDEX UCX_TLS
+  unset "${ucx_env[@]%%=*}"
 }
 
 for round in $(seq "$rounds"); do
