@@ -2298,11 +2298,11 @@ class EndpointImpl final : public NoticeTaker {
   // in_. A message (kSentInline, kSentPart) is copied once, ring to
   // receive; any other frame up to kSmallFrame bytes is copied whole onto
   // the stack first (the peer may write the ring meanwhile), then
-  // dispatched. Stops at a larger
-  // frame, one not whole in one piece, or a notification while the queue is
-  // full: pump() copies those. A run of small messages and credits
-  // (kPosted), the frames of a steady stream, is taken under one hold of
-  // mu_ (`lock`, which it leaves held after them: see pump()).
+  // dispatched. Stops at a larger frame, one not whole in one piece, or a
+  // notification while the queue is full: pump() copies those. A run of
+  // small messages and credits (kPosted), the frames of a steady stream,
+  // is taken under one hold of mu_ (`lock`, which it leaves held after
+  // them: see pump()).
   // With Take::kUpToAMessage it stops after the first inline message:
   // true then (more may be there), else false. With Take::kLeanly, the
   // same, and it also stops (false) before a part or any frame other than

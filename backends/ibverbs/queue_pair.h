@@ -61,7 +61,6 @@ class QueuePair {
   uint32_t depth() const { return depth_; }
   // The most a work request posted with IBV_SEND_INLINE may carry.
   uint32_t inline_bytes() const { return inline_bytes_; }
-  // The most gather entries a send work request may have.
 
  private:
   QueuePair(const Device& device) : device_(device) {}
