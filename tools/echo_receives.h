@@ -11,8 +11,8 @@
 // waits.
 #pragma once
 
+#include <array>
 #include <cstddef>
-#include <deque>
 #include <utility>
 
 #include "rdmabuf/rdmabuf.h"
@@ -28,32 +28,43 @@ class EchoReceives {
   // must outlive the value.
   static Result<EchoReceives> post(Endpoint& endpoint, const LocalMemory& pong) {
     EchoReceives receives(endpoint, pong);
-    while (receives.posted_.size() < kPosted)
-      RDMABUF_RETURN_IF_ERROR(receives.post_one());
+    for (size_t place = 0; place < kPosted; ++place)
+      RDMABUF_RETURN_IF_ERROR(receives.post_into(place));
     return receives;
   }
 
   // After a ping: posts again the receive the last echo took, and hands
   // over the oldest, whose wait gives the echo.
   Result<PendingReceive> next() {
-    if (posted_.size() < kPosted) RDMABUF_RETURN_IF_ERROR(post_one());
-    PendingReceive oldest = std::move(posted_.front());
-    posted_.pop_front();
-    return oldest;
+    if (free_ != kNone) RDMABUF_RETURN_IF_ERROR(post_into(free_));
+    const size_t oldest = oldest_;
+    oldest_ = (oldest_ + 1) % kPosted;
+    free_ = oldest;  // the newest place in the ring: posted again at the next call
+    return std::move(ring_[oldest]);
   }
 
  private:
+  static constexpr size_t kNone = kPosted;
+
   EchoReceives(Endpoint& endpoint, const LocalMemory& pong) : endpoint_(&endpoint), pong_(&pong) {}
 
-  Status post_one() {
-    RDMABUF_ASSIGN_OR_RETURN(PendingReceive receive, endpoint_->post_receive(*pong_));
-    posted_.push_back(std::move(receive));
+  Status post_into(size_t place) {
+    RDMABUF_ASSIGN_OR_RETURN(ring_[place], endpoint_->post_receive(*pong_));
+    free_ = kNone;
     return Status::Ok();
   }
 
   Endpoint* endpoint_;
   const LocalMemory* pong_;
-  std::deque<PendingReceive> posted_;  // oldest first
+  // The posted receives, in the order they were posted from oldest_ on
+  // round the ring; free_ (when not kNone), the place just before oldest_,
+  // held the receive handed over last, and is posted again next. A ring,
+  // not a std::deque: the deque's pushes and pops cost the ping-pong's
+  // client 67 instructions a round trip, a twentieth of its whole count
+  // through shared memory (docs/performance.md).
+  std::array<PendingReceive, kPosted> ring_;
+  size_t oldest_ = 0;
+  size_t free_ = kNone;
 };
 
 }  // namespace rdmabuf::tool
