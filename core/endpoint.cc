@@ -1845,8 +1845,12 @@ class EndpointImpl final : public NoticeTaker {
   // at once when callers have been gone a while, within about 2 * kLinger
   // after one short call, and within about 2 * kMostLinger after callers
   // read for several milliseconds (one long wait will do), even while no
-  // call waits. Notifications are queued, and delivered by the endpoint's
-  // thread alone, so a handler never runs inside a caller's call.
+  // call waits. A look that finds the role held since the look before (a
+  // caller's long wait, which reads whatever comes) is the last until that
+  // caller gives the role back and wakes the thread (take_role): an idle
+  // endpoint costs no wake-ups. Notifications are queued, and delivered by
+  // the endpoint's thread alone, so a handler never runs inside a caller's
+  // call.
 
   // Waits (lock held) until `ready`, reading frames meanwhile; false at the
   // deadline. Spins for Config::busy_poll before it sleeps.
@@ -2067,10 +2071,14 @@ class EndpointImpl final : public NoticeTaker {
     return in_time;
   }
 
-  // The endpoint's thread takes the reader role if it is free.
+  // The endpoint's thread takes the reader role if it is free; if not,
+  // its holder's release_role() wakes this thread (role_wanted_).
   bool take_role() {
     std::lock_guard lock(mu_);
-    if (reading_) return false;
+    if (reading_) {
+      role_wanted_ = true;
+      return false;
+    }
     reading_ = true;
     reader_id_ = std::this_thread::get_id();
     return true;
@@ -2082,10 +2090,18 @@ class EndpointImpl final : public NoticeTaker {
   }
 
   // Gives the reader role back (mu_ held), waking the callers that wait
-  // for it or for what was read.
+  // for it or for what was read, and the endpoint's thread when it waits
+  // for the role (take_role): after a caller held the role from one of
+  // the thread's looks to the next (an idle endpoint's long wait), or when
+  // the thread was asked to read (looks_ended) while a caller read. So a
+  // message's way pays for the write rarely, never in a steady stream.
   void release_role() {
     reading_ = false;
     wake_sleepers();
+    if (role_wanted_) [[unlikely]] {
+      role_wanted_ = false;
+      signal_eventfd(wake_.get());
+    }
   }
 
   // A caller (or a look for notifications) is done holding the reader role
@@ -2627,9 +2643,20 @@ class EndpointImpl final : public NoticeTaker {
       // A waiter that looked for notifications went to sleep (looks_ended):
       // read again now, rather than after callers have been gone a while.
       const bool handed_back = reader_wanted_.exchange(false);
-      if ((led_lately() && !handed_back) || !take_role()) {
-        if (handed_back) reader_wanted_.store(true);  // the role was busy: at the next look
+      if (led_lately() && !handed_back) {
         look_later();
+        continue;
+      }
+      if (!take_role()) {
+        // A caller has held the role since the last look at least: a wait
+        // that reads every frame that comes (an idle endpoint's receive
+        // waiting for a day, say). Its release wakes this thread, which
+        // sleeps until then: looking every kMostLinger meanwhile cost each
+        // idle endpoint 125 wake-ups a second. The holder takes the
+        // doorbells too, so none is this thread's to wait for.
+        if (handed_back) reader_wanted_.store(true);  // at the release
+        timeout_ms = -1;
+        doorbells_seen_ = doorbells_taken_.load();
         continue;
       }
       linger_ms = kLingerMs;
@@ -3126,6 +3153,9 @@ class EndpointImpl final : public NoticeTaker {
   // peer_closed_, held_replies_, reply_depth_).
   bool reading_ = false;
   std::thread::id reader_id_;  // its holder, while reading_
+  // The endpoint's thread found the role held and sleeps until its
+  // release (take_role, release_role).
+  bool role_wanted_ = false;
   // The reader role's holder while it dispatches frames (inside pump()),
   // else none: a frame written by this thread meanwhile is a reply, held
   // (see write_pieces). Set by that thread alone, so a thread that finds

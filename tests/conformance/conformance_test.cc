@@ -6,6 +6,7 @@
 // Adding a backend to the suite is one line: its name in backends_under_test().
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -1638,6 +1639,39 @@ TEST_P(ConformanceTest, EndpointNotificationAfterAWokenReceiveIsDelivered) {
     ASSERT_TRUE(n.ok()) << "the notification was not read: " << n.status().to_string();
     EXPECT_EQ(n->tag, static_cast<uint32_t>(round));
   }
+}
+
+// The times this process's threads have been switched out, all of them.
+long context_switches() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_nvcsw + usage.ru_nivcsw;
+}
+
+// A receive that waits long holds the reader role throughout: the
+// endpoint's thread sleeps until the wait ends, rather than looking every
+// few milliseconds (125 times a second: what each idle endpoint of a
+// server cost), and reads again once it has: a notification right after
+// is delivered.
+TEST_P(ConformanceTest, EndpointLongWaitWakesNoThreadAndReadingGoesOnAfter) {
+  auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(receiver && sender);
+  Owned target = own(4096, 0);
+  LocalMemory into = allocate(64);
+  auto receiving = std::async(
+      std::launch::async, [&, &receiver = receiver] { return receiver->receive(into, kTimeout); });
+  std::this_thread::sleep_for(200ms);  // past the busy-poll window and the stretch: asleep
+  const long before = context_switches();
+  std::this_thread::sleep_for(1s);
+  const long switches = context_switches() - before;
+  EXPECT_LT(switches, 40) << "this process's threads were switched out " << switches
+                          << " times in a second that nothing came";
+  ASSERT_TRUE(sender->send(with_pattern(64, 5), kTimeout).ok());
+  ASSERT_TRUE(receiving.get().ok());
+  ASSERT_TRUE(sender->write(target.handle, with_pattern(64, 6), 7, kTimeout).ok());
+  auto n = owner_->next_notification(2s);
+  ASSERT_TRUE(n.ok()) << "the notification was not read: " << n.status().to_string();
+  EXPECT_EQ(n->tag, 7u);
 }
 
 // While callers keep reading, the endpoint's thread looks less and less
