@@ -1329,6 +1329,7 @@ class EndpointImpl final : public NoticeTaker {
   // A send's one-sided write finished (its on_done, on a library thread).
   void write_finished(uint64_t id) {
     bool reading;
+    bool serve_waits;
     {
       std::lock_guard lock(mu_);
       Outgoing* out = sends_.find(id);
@@ -1336,14 +1337,16 @@ class EndpointImpl final : public NoticeTaker {
       out->write_done = true;
       send_events_.push_back(id);
       reading = reading_;
+      serve_waits = role_wanted_.load(std::memory_order_relaxed);
     }
     cv_.notify_all();
     // A caller reading the channel may be asleep on it; so may the
     // endpoint's thread. Either moves the send on. With no caller reading,
     // the thread is woken even between its looks (up to kMostLinger
-    // apart): the peer waits for this send's kSent.
+    // apart): the peer waits for this send's kSent. Not while it waits for
+    // the reading caller to give the role back: that caller moves it on.
     if (reading) signal_eventfd(sends_wake_.get());
-    if (!reading || serve_sleeping_.load()) signal_eventfd(wake_.get());
+    if (!reading || (serve_sleeping_.load() && !serve_waits)) signal_eventfd(wake_.get());
   }
 
   // Ends `out`'s use of its credit, after its write (kBusy, claimed by the
@@ -1845,12 +1848,12 @@ class EndpointImpl final : public NoticeTaker {
   // at once when callers have been gone a while, within about 2 * kLinger
   // after one short call, and within about 2 * kMostLinger after callers
   // read for several milliseconds (one long wait will do), even while no
-  // call waits. A look that finds the role held since the look before (a
-  // caller's long wait, which reads whatever comes) is the last until that
-  // caller gives the role back and wakes the thread (take_role): an idle
-  // endpoint costs no wake-ups. Notifications are queued, and delivered by
-  // the endpoint's thread alone, so a handler never runs inside a caller's
-  // call.
+  // call waits. Once two looks in a row find the role held with no
+  // caller's turn ending between (a long wait, which reads whatever comes),
+  // the thread sleeps until that caller gives the role back and wakes it
+  // (take_role): an idle endpoint costs no wake-ups. Notifications are
+  // queued, and delivered by the endpoint's thread alone, so a handler
+  // never runs inside a caller's call.
 
   // Waits (lock held) until `ready`, reading frames meanwhile; false at the
   // deadline. Spins for Config::busy_poll before it sleeps.
@@ -2072,11 +2075,12 @@ class EndpointImpl final : public NoticeTaker {
   }
 
   // The endpoint's thread takes the reader role if it is free; if not,
-  // its holder's release_role() wakes this thread (role_wanted_).
-  bool take_role() {
+  // and `until_released`, its holder's release_role() wakes this thread
+  // (role_wanted_).
+  bool take_role(bool until_released) {
     std::lock_guard lock(mu_);
     if (reading_) {
-      role_wanted_ = true;
+      if (until_released) role_wanted_.store(true, std::memory_order_relaxed);
       return false;
     }
     reading_ = true;
@@ -2091,15 +2095,15 @@ class EndpointImpl final : public NoticeTaker {
 
   // Gives the reader role back (mu_ held), waking the callers that wait
   // for it or for what was read, and the endpoint's thread when it waits
-  // for the role (take_role): after a caller held the role from one of
-  // the thread's looks to the next (an idle endpoint's long wait), or when
-  // the thread was asked to read (looks_ended) while a caller read. So a
-  // message's way pays for the write rarely, never in a steady stream.
+  // for the role (take_role): after it found the role held, with no
+  // caller's turn ending, at two looks in a row (a wait of some 8 to 16 ms
+  // or more, an idle endpoint's), so the write comes once a long wait, not
+  // once a message.
   void release_role() {
     reading_ = false;
     wake_sleepers();
-    if (role_wanted_) [[unlikely]] {
-      role_wanted_ = false;
+    if (role_wanted_.load(std::memory_order_relaxed)) [[unlikely]] {
+      role_wanted_.store(false, std::memory_order_relaxed);
       signal_eventfd(wake_.get());
     }
   }
@@ -2203,7 +2207,11 @@ class EndpointImpl final : public NoticeTaker {
     if (ring_.take_wakeups()) took = true;
     if (!took) return;
     doorbells_taken_.fetch_add(1);  // seq_cst, against serve_sleeping_ (see serve)
-    if (serve_sleeping_.load()) signal_eventfd(wake_.get());
+    // Not when the endpoint's thread waits for the role's holder, which
+    // takes the frames this doorbell rang for (and then wakes it).
+    if (serve_sleeping_.load() && !role_wanted_.load(std::memory_order_relaxed)) {
+      signal_eventfd(wake_.get());
+    }
   }
 
   // Arms the endpoint thread's one-shot watches on the socket and the RDMA
@@ -2589,6 +2597,7 @@ class EndpointImpl final : public NoticeTaker {
   void serve() {
     int timeout_ms = -1;
     int linger_ms = kLingerMs;  // the next look's, while callers read
+    int held_looks = 0;         // looks in a row that found the role held (see below)
     auto look_later = [&] {     // callers read: the next look, and the one after
       timeout_ms = linger_ms;
       linger_ms = std::min(2 * linger_ms, kMostLingerMs);
@@ -2629,6 +2638,7 @@ class EndpointImpl final : public NoticeTaker {
         // ended (at its deadline, or a writer's read while blocked, which
         // moves no sends) moves at the look after next, not the next.
         if (has_deferred_.load(std::memory_order_relaxed) && credits_due()) flush().ignore();
+        held_looks = 0;
         look_later();
         continue;
       }
@@ -2644,21 +2654,32 @@ class EndpointImpl final : public NoticeTaker {
       // read again now, rather than after callers have been gone a while.
       const bool handed_back = reader_wanted_.exchange(false);
       if (led_lately() && !handed_back) {
+        held_looks = 0;
         look_later();
         continue;
       }
-      if (!take_role()) {
-        // A caller has held the role since the last look at least: a wait
-        // that reads every frame that comes (an idle endpoint's receive
-        // waiting for a day, say). Its release wakes this thread, which
-        // sleeps until then: looking every kMostLinger meanwhile cost each
-        // idle endpoint 125 wake-ups a second. The holder takes the
-        // doorbells too, so none is this thread's to wait for.
-        if (handed_back) reader_wanted_.store(true);  // at the release
-        timeout_ms = -1;
-        doorbells_seen_ = doorbells_taken_.load();
+      // The role held at this look and the one before, with no caller's
+      // turn ending between: one wait that reads every frame that comes
+      // (an idle endpoint's receive waiting for a day, say). Its release
+      // wakes this thread, which sleeps until then: looking every
+      // kMostLinger meanwhile cost each idle endpoint 125 wake-ups a
+      // second. (After one such look it looks once more: a wait that ends
+      // within it needs no wake-up.) The holder takes the doorbells too,
+      // so none is this thread's to wait for.
+      const bool until_released = held_looks > 0;
+      if (!take_role(until_released)) {
+        if (handed_back) reader_wanted_.store(true);  // at the release, or the next look
+        if (until_released) {
+          held_looks = 0;
+          timeout_ms = -1;
+          doorbells_seen_ = doorbells_taken_.load();
+        } else {
+          ++held_looks;
+          look_later();
+        }
         continue;
       }
+      held_looks = 0;
       linger_ms = kLingerMs;
       timeout_ms = -1;
       Status st;
@@ -3154,8 +3175,9 @@ class EndpointImpl final : public NoticeTaker {
   bool reading_ = false;
   std::thread::id reader_id_;  // its holder, while reading_
   // The endpoint's thread found the role held and sleeps until its
-  // release (take_role, release_role).
-  bool role_wanted_ = false;
+  // release (take_role, release_role). Changed under mu_; read without it
+  // where it only spares a wake-up (take_doorbells).
+  std::atomic<bool> role_wanted_{false};
   // The reader role's holder while it dispatches frames (inside pump()),
   // else none: a frame written by this thread meanwhile is a reply, held
   // (see write_pieces). Set by that thread alone, so a thread that finds

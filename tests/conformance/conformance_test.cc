@@ -1652,7 +1652,8 @@ long context_switches() {
 // endpoint's thread sleeps until the wait ends, rather than looking every
 // few milliseconds (125 times a second: what each idle endpoint of a
 // server cost), and reads again once it has: a notification right after
-// is delivered.
+// is delivered, and a lend request, which only that thread is there to
+// read and answer, is answered.
 TEST_P(ConformanceTest, EndpointLongWaitWakesNoThreadAndReadingGoesOnAfter) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
@@ -1672,6 +1673,8 @@ TEST_P(ConformanceTest, EndpointLongWaitWakesNoThreadAndReadingGoesOnAfter) {
   auto n = owner_->next_notification(2s);
   ASSERT_TRUE(n.ok()) << "the notification was not read: " << n.status().to_string();
   EXPECT_EQ(n->tag, 7u);
+  auto lease = sender->request_remote_buffer(4096, 1s, 2s);
+  ASSERT_TRUE(lease.ok()) << "the lend request was not read: " << lease.status().to_string();
 }
 
 // While callers keep reading, the endpoint's thread looks less and less
