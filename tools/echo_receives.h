@@ -36,35 +36,36 @@ class EchoReceives {
   // After a ping: posts again the receive the last echo took, and hands
   // over the oldest, whose wait gives the echo.
   Result<PendingReceive> next() {
-    if (free_ != kNone) RDMABUF_RETURN_IF_ERROR(post_into(free_));
+    if (handed_over_) {
+      // The place just before the oldest: the newest in the ring.
+      RDMABUF_RETURN_IF_ERROR(post_into((oldest_ + kPosted - 1) % kPosted));
+    }
+    handed_over_ = true;
     const size_t oldest = oldest_;
     oldest_ = (oldest_ + 1) % kPosted;
-    free_ = oldest;  // the newest place in the ring: posted again at the next call
     return std::move(ring_[oldest]);
   }
 
  private:
-  static constexpr size_t kNone = kPosted;
-
   EchoReceives(Endpoint& endpoint, const LocalMemory& pong) : endpoint_(&endpoint), pong_(&pong) {}
 
   Status post_into(size_t place) {
     RDMABUF_ASSIGN_OR_RETURN(ring_[place], endpoint_->post_receive(*pong_));
-    free_ = kNone;
+    handed_over_ = false;
     return Status::Ok();
   }
 
   Endpoint* endpoint_;
   const LocalMemory* pong_;
   // The posted receives, in the order they were posted from oldest_ on
-  // round the ring; free_ (when not kNone), the place just before oldest_,
+  // round the ring; while handed_over_, the place just before oldest_
   // held the receive handed over last, and is posted again next. A ring,
   // not a std::deque: the deque's pushes and pops cost the ping-pong's
   // client 67 instructions a round trip, a twentieth of its whole count
   // through shared memory (docs/performance.md).
   std::array<PendingReceive, kPosted> ring_;
   size_t oldest_ = 0;
-  size_t free_ = kNone;
+  bool handed_over_ = false;
 };
 
 }  // namespace rdmabuf::tool
