@@ -45,6 +45,9 @@ class ManagerImpl final : public OpRouter, public NoticeSink {
   Result<std::unique_ptr<MessageChannel>> open_message_channel();
   Result<RemoteBuffer> register_buffer(LocalMemory memory);
   Status release(const RemoteBuffer& handle);
+  // Buffer `id` out of the registry and every backend, then its memory
+  // dropped (release() and shutdown()). kNotFound when not registered.
+  Status release_everywhere(uint64_t id);
   // A buffer counts until its release has returned (every backend let go).
   size_t registered_count() const { return registry_.size() + releasing_.load(); }
   Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
@@ -280,14 +283,21 @@ Status ManagerImpl::release(const RemoteBuffer& handle) {
                            identity_.to_string());
   }
   releasing_.fetch_add(1);  // counted from before the registry lets go
-  Status released = registry_.release(handle.id());
-  if (released.ok()) {
-    for (Slot& slot : slots_) {
-      if (slot.backend) slot.backend->unregister_memory(handle.id());
-    }
-  }
+  Status released = release_everywhere(handle.id());
   releasing_.fetch_sub(1);
   return released;
+}
+
+Status ManagerImpl::release_everywhere(uint64_t id) {
+  // The registry first (software accesses end), then every backend (a NIC's
+  // key, a same-host reader's slot), and only then the memory itself: its
+  // keepalive may be the last reference, and the memory freed with it.
+  Result<LocalMemory> memory = registry_.release(id);
+  if (!memory.ok()) return memory.status();
+  for (Slot& slot : slots_) {
+    if (slot.backend) slot.backend->unregister_memory(id);
+  }
+  return Status::Ok();  // `memory` goes last
 }
 
 namespace {
@@ -515,12 +525,8 @@ void ManagerImpl::shutdown() {
   listener_->join_connections();
   deadlines_.stop();
   notifications_.close();
-  for (uint64_t id : registry_.ids()) {
-    registry_.release(id).ignore();
-    for (Slot& slot : slots_) {
-      if (slot.backend) slot.backend->unregister_memory(id);
-    }
-  }
+  for (uint64_t id : registry_.ids())
+    release_everywhere(id).ignore();
   RDMABUF_LOG_INFO("manager " + identity_.to_string() + " shut down");
 }
 

@@ -68,7 +68,7 @@ void Registry::unpin(void* opaque, PinAbort* abort) {
   entry->pins.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-Status Registry::release(uint64_t id) {
+Result<LocalMemory> Registry::release(uint64_t id) {
   std::shared_ptr<Entry> entry;
   {
     std::unique_lock lock(mu_);
@@ -102,7 +102,7 @@ Status Registry::release(uint64_t id) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
-  return Status::Ok();
+  return std::move(entry->memory);
 }
 
 std::vector<uint64_t> Registry::ids() const {

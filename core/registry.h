@@ -26,7 +26,13 @@ class Registry final : public BufferResolver {
   // Removes buffer `id`: new pins fail with kNotFound at once; returns when
   // every pin is gone (aborting, after kReleaseGrace, the holders that gave
   // a PinAbort). kNotFound when `id` is not registered.
-  Status release(uint64_t id);
+  //
+  // Returns the buffer's memory, keepalive included: the registry lets go of
+  // it, the caller must hold it until every backend has stopped serving the
+  // buffer (Backend::unregister_memory returned), then drop it. Dropping it
+  // first would free memory that a NIC or a same-host reader may still
+  // reach.
+  Result<LocalMemory> release(uint64_t id);
 
   // Every registered id (for shutdown).
   std::vector<uint64_t> ids() const;

@@ -71,7 +71,7 @@ TEST_F(RegistryTest, WrongTokenIsPermissionDenied) {
 
 TEST_F(RegistryTest, UnknownIdIsNotFound) {
   EXPECT_EQ(registry_.pin(8, token_of(1), nullptr).status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(registry_.release(8).code(), StatusCode::kNotFound);
+  EXPECT_EQ(registry_.release(8).status().code(), StatusCode::kNotFound);
 }
 
 TEST_F(RegistryTest, ReleasedIdIsNotFound) {
@@ -79,7 +79,27 @@ TEST_F(RegistryTest, ReleasedIdIsNotFound) {
   EXPECT_EQ(registry_.size(), 0u);
   EXPECT_TRUE(registry_.ids().empty());
   EXPECT_EQ(registry_.pin(7, token_of(1), nullptr).status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(registry_.release(7).code(), StatusCode::kNotFound) << "release twice";
+  EXPECT_EQ(registry_.release(7).status().code(), StatusCode::kNotFound) << "release twice";
+}
+
+// The registry lets go of the memory's keepalive only through what release
+// returns: the manager drops it once every backend has stopped serving the
+// buffer, never before.
+TEST_F(RegistryTest, ReleaseHandsTheKeepaliveToTheCaller) {
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<const void> keepalive(new int(0), [freed](const int* p) {
+    freed->store(true);
+    delete p;
+  });
+  std::vector<std::byte> bytes(64);
+  registry_.add(9, token_of(2), LocalMemory(bytes.data(), bytes.size(), std::move(keepalive)));
+  Result<LocalMemory> released = registry_.release(9);
+  ASSERT_TRUE(released.ok()) << released.status().to_string();
+  EXPECT_FALSE(freed->load()) << "the registry dropped the keepalive itself";
+  EXPECT_EQ(released->data(), bytes.data());
+  EXPECT_EQ(released->size(), bytes.size());
+  released = NotFound("dropped");
+  EXPECT_TRUE(freed->load());
 }
 
 TEST_F(RegistryTest, PinsMove) {
@@ -135,7 +155,7 @@ TEST_F(RegistryTest, ReleaseAbortsAStalledHolderAfterTheGrace) {
     pin.reset();
   });
   auto start = std::chrono::steady_clock::now();
-  Status s = registry_.release(7);
+  Status s = registry_.release(7).status();
   auto took = std::chrono::steady_clock::now() - start;
   holder.join();
   EXPECT_TRUE(s.ok()) << s.to_string();
