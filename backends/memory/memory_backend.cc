@@ -321,22 +321,34 @@ class MemoryBackend final : public Backend {
     return Status(st.code(), describe_op(t.op(i)) + ": " + st.message());
   }
 
+  // What the owner's slot says against what a handle claims: its buffer's
+  // size and token (constant time). The op's range lies within the
+  // handle's claimed size (RemoteBuffer::slice), so within the buffer once
+  // the sizes match.
+  static Status check_against_slot(const Slot& slot, const RemoteBuffer& remote) {
+    if (slot.size != remote.region_size()) {
+      return InvalidArgument("the handle's buffer size does not match the owner's");
+    }
+    uint8_t diff = 0;
+    for (size_t b = 0; b < sizeof slot.token; ++b) {
+      diff |= static_cast<uint8_t>(slot.token[b] ^ remote.token()[b]);
+    }
+    if (diff != 0) return PermissionDenied("the owner refused the handle's token");
+    return Status::Ok();
+  }
+
   // The copy itself, under a pin on the buffer's slot.
   Status copy(Job& job) {
     OwnerView& view = *job.view;
     Pin pin;
     RDMABUF_RETURN_IF_ERROR(pin.acquire(*view.segment, job.slot, job.generation));
     const Slot& slot = view.segment->slot(job.slot);
-    const Op& first = job.transfer->op(job.ops.front());
-    // The owner's record, stable while pinned, against what the handle says.
-    if (slot.size != first.remote.region_size()) {
-      return InvalidArgument("the handle's buffer size does not match the owner's");
+    // Every op against the owner's record, stable while pinned: ops share a
+    // job by slot and generation, which a forged handle shares with the
+    // genuine one, so each op's own size and token are checked.
+    for (uint32_t i : job.ops) {
+      RDMABUF_RETURN_IF_ERROR(check_against_slot(slot, job.transfer->op(i).remote));
     }
-    uint8_t diff = 0;
-    for (size_t b = 0; b < sizeof slot.token; ++b) {
-      diff |= static_cast<uint8_t>(slot.token[b] ^ first.remote.token()[b]);
-    }
-    if (diff != 0) return PermissionDenied("the owner refused the handle's token");
     if (!view.alive()) return Unavailable("the owner process has exited");
 
     std::vector<iovec> local, remote;
@@ -360,12 +372,21 @@ class MemoryBackend final : public Backend {
       local.push_back({l, length});
       remote.push_back({r, length});
     }
-    return transfer_all(view.pid, job.kind, local, remote);
+    uint64_t expected = 0;  // counted before the owner may see (and empty) the ranges
+    for (const iovec& v : local)
+      expected += v.iov_len;
+    RDMABUF_RETURN_IF_ERROR(pin.arm(local.data(), remote.data(), local.size()));
+    return transfer_all(view.pid, job.kind, local, remote, expected, pin);
   }
 
-  // process_vm_readv/writev until everything moved or an error.
+  // process_vm_readv/writev until everything moved or an error. The iovecs
+  // are armed on `pin`: a releasing owner may empty them while this thread
+  // is stopped (shared_state.h), so their contents are never trusted to
+  // stay as built: the bytes moved are counted against `expected`, what the
+  // ranges held before they were armed, and a shortfall fails the copy.
   static Status transfer_all(pid_t pid, OpKind kind, std::vector<iovec>& local,
-                             std::vector<iovec>& remote) {
+                             std::vector<iovec>& remote, uint64_t expected, const Pin& pin) {
+    uint64_t done = 0;
     size_t at = 0;  // first range not fully moved; local and remote pair up
     while (at < local.size()) {
       const auto count = static_cast<unsigned long>(local.size() - at);
@@ -385,9 +406,10 @@ class MemoryBackend final : public Backend {
             std::string(kind == OpKind::kReadIntoLocal ? "process_vm_readv" : "process_vm_writev") +
             ": " + errno_text(err));
       }
-      if (n == 0) return Internal("cross-memory copy made no progress");
+      if (n == 0) break;
+      done += static_cast<uint64_t>(n);
       size_t moved = static_cast<size_t>(n);
-      while (moved > 0) {
+      while (moved > 0 && at < local.size()) {
         size_t take = std::min(moved, local[at].iov_len);
         local[at].iov_base = static_cast<char*>(local[at].iov_base) + take;
         local[at].iov_len -= take;
@@ -399,7 +421,13 @@ class MemoryBackend final : public Backend {
       while (at < local.size() && local[at].iov_len == 0)
         ++at;
     }
-    return Status::Ok();
+    if (done == expected) return Status::Ok();
+    if (pin.cancelled()) {
+      return NotFound(
+          "the owner released this buffer while this thread was stopped inside the copy; the "
+          "copy was cancelled");
+    }
+    return Internal("cross-memory copy made no progress");
   }
 
   // The caller copies alongside the helper threads until no job is left;

@@ -7,13 +7,16 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "common/host.h"
 #include "common/shared_file.h"
@@ -143,6 +146,37 @@ Result<std::pair<uint32_t, uint64_t>> SlotTable::publish(const void* base, uint6
   return std::make_pair(index, generation);
 }
 
+namespace {
+
+// Cancels the copy of `holder`, stopped while pinning `e` for `target`
+// (see the header comment): empties the iovecs it published, in its own
+// memory, and marks the entry. True when the holder is still stopped on the
+// same pin afterwards, so it cannot be inside a copy with the old ranges;
+// false when it ran meanwhile (the caller waits for it, as for any running
+// holder) or its memory could not be written.
+bool cancel_stopped_copy(PinEntry& e, uint64_t holder, uint64_t target) {
+  const uint32_t count = e.iov_count.load(std::memory_order_seq_cst);
+  if (count != 0) {
+    const auto pid = static_cast<pid_t>(holder >> 32);
+    const size_t bytes = size_t{count} * sizeof(iovec);
+    std::vector<char> zeros(bytes, 0);
+    for (uint64_t array : {e.local_iov.load(std::memory_order_seq_cst),
+                           e.remote_iov.load(std::memory_order_seq_cst)}) {
+      iovec from{zeros.data(), bytes};
+      iovec to{reinterpret_cast<void*>(array), bytes};
+      if (::process_vm_writev(pid, &from, 1, &to, 1, 0) != static_cast<ssize_t>(bytes)) {
+        return false;
+      }
+    }
+  }
+  e.cancelled.store(1, std::memory_order_seq_cst);
+  return e.target.load(std::memory_order_seq_cst) == target &&
+         e.holder.load(std::memory_order_seq_cst) == holder &&
+         holder_state(holder) == HolderState::kStopped;
+}
+
+}  // namespace
+
 void SlotTable::retract(uint32_t index) {
   Slot& s = segment_.slot(index);
   const uint64_t generation = s.state.load(std::memory_order_relaxed) >> 1;
@@ -155,16 +189,27 @@ void SlotTable::retract(uint32_t index) {
     PinEntry& e = pins[i];
     if (e.target.load(std::memory_order_seq_cst) != target) continue;  // the common case: cheap
     const auto since = std::chrono::steady_clock::now();
+    // When the holder was first seen stopped (reset when seen running).
+    std::optional<std::chrono::steady_clock::time_point> stopped_since;
     while (e.target.load(std::memory_order_seq_cst) == target) {
       uint64_t holder = e.holder.load(std::memory_order_acquire);
-      if (holder != 0 && holder_is_gone(holder)) {
+      const HolderState state = holder == 0 ? HolderState::kRunning : holder_state(holder);
+      if (state == HolderState::kGone) {
         // Died holding it: reap the entry so it can be claimed again.
         uint64_t expected = target;
         e.target.compare_exchange_strong(expected, 0);
         e.holder.compare_exchange_strong(holder, 0);
         break;
       }
-      if (holder != 0 && holder_is_stopped(holder)) break;
+      if (state == HolderState::kStopped) {
+        const auto now = std::chrono::steady_clock::now();
+        if (!stopped_since) stopped_since = now;
+        if (now - *stopped_since >= kStoppedReaderGrace && cancel_stopped_copy(e, holder, target)) {
+          break;
+        }
+      } else {
+        stopped_since.reset();
+      }
       back_off(since);
     }
   }
@@ -194,7 +239,7 @@ Status Pin::acquire(Segment& segment, uint32_t slot, uint64_t generation) {
   for (uint32_t i = 0; i < kPins && !claimed; ++i) {
     PinEntry& e = segment.pin(i);
     uint64_t holder = e.holder.load(std::memory_order_acquire);
-    if (holder != 0 && holder_is_gone(holder) &&
+    if (holder != 0 && holder_state(holder) == HolderState::kGone &&
         e.holder.compare_exchange_strong(holder, me, std::memory_order_acq_rel)) {
       claimed = &e;
     }
@@ -210,9 +255,26 @@ Status Pin::acquire(Segment& segment, uint32_t slot, uint64_t generation) {
   uint32_t seen = pins_used.load(std::memory_order_seq_cst);
   while (seen < used && !pins_used.compare_exchange_weak(seen, used, std::memory_order_seq_cst)) {
   }
+  // An entry taken over from a dead holder may carry its copy's leftovers.
+  claimed->iov_count.store(0, std::memory_order_relaxed);
+  claimed->cancelled.store(0, std::memory_order_relaxed);
   claimed->target.store(slot_target(slot, generation), std::memory_order_seq_cst);
   entry_ = claimed;
+  segment_ = &segment;
+  slot_ = slot;
+  generation_ = generation;
   if (segment.slot(slot).state.load(std::memory_order_seq_cst) != (generation << 1 | 1)) {
+    reset();
+    return NotFound("the owner released this buffer");
+  }
+  return Status::Ok();
+}
+
+Status Pin::arm(const iovec* local, const iovec* remote, size_t count) {
+  entry_->local_iov.store(reinterpret_cast<uint64_t>(local), std::memory_order_relaxed);
+  entry_->remote_iov.store(reinterpret_cast<uint64_t>(remote), std::memory_order_relaxed);
+  entry_->iov_count.store(static_cast<uint32_t>(count), std::memory_order_seq_cst);
+  if (segment_->slot(slot_).state.load(std::memory_order_seq_cst) != (generation_ << 1 | 1)) {
     reset();
     return NotFound("the owner released this buffer");
   }
@@ -221,27 +283,34 @@ Status Pin::acquire(Segment& segment, uint32_t slot, uint64_t generation) {
 
 void Pin::reset() {
   if (!entry_) return;
+  entry_->iov_count.store(0, std::memory_order_relaxed);
+  entry_->cancelled.store(0, std::memory_order_relaxed);
   entry_->target.store(0, std::memory_order_release);
   entry_->holder.store(0, std::memory_order_release);
   entry_ = nullptr;
+  segment_ = nullptr;
 }
 
-bool holder_is_gone(uint64_t holder) {
-  auto pid = static_cast<pid_t>(holder >> 32);
-  auto tid = static_cast<pid_t>(holder & 0xffffffffu);
-  return syscall(SYS_tgkill, pid, tid, 0) != 0 && errno == ESRCH;
-}
-
-bool holder_is_stopped(uint64_t holder) {
-  auto pid = holder >> 32;
-  auto tid = holder & 0xffffffffu;
-  // Empty once the thread is gone (then holder_is_gone says so).
+HolderState holder_state(uint64_t holder) {
+  const auto pid = static_cast<pid_t>(holder >> 32);
+  const auto tid = static_cast<pid_t>(holder & 0xffffffffu);
+  if (syscall(SYS_tgkill, pid, tid, 0) != 0 && errno == ESRCH) return HolderState::kGone;
+  // Unreadable (gone since, or hidden from us): counted as running, so
+  // waited for.
   const std::string text =
       read_small_file("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat");
-  size_t close = text.rfind(')');  // the name may contain spaces and parentheses
-  if (close == std::string::npos || close + 2 >= text.size()) return false;
-  char state = text[close + 2];
-  return state == 'T' || state == 't' || state == 'Z' || state == 'X';
+  const size_t close = text.rfind(')');  // the name may contain spaces and parentheses
+  if (close == std::string::npos || close + 2 >= text.size()) return HolderState::kRunning;
+  switch (text[close + 2]) {
+    case 'T':
+    case 't':
+      return HolderState::kStopped;
+    case 'Z':
+    case 'X':
+      return HolderState::kGone;
+    default:
+      return HolderState::kRunning;
+  }
 }
 
 }  // namespace rdmabuf::memory

@@ -11,24 +11,39 @@
 // and the buffer's base address, size and token. A handle names its slot
 // and generation. A pin entry is claimed by a reader thread for the length
 // of one copy: `holder` = pid << 32 | tid, `target` = the slot and
-// generation it copies from.
+// generation it copies from, and once the copy's ranges are built, where
+// its iovec arrays lie in the holder's own memory (`armed`).
 //
 // Reader:  claim an entry, raise `pins_used` past it, store target
-//          (seq_cst), then load the slot's
-//          state (seq_cst): not the handle's generation, or not live, means
-//          the buffer is gone: unpin, kNotFound. Else copy, then unpin.
+//          (seq_cst), then load the slot's state (seq_cst): not the handle's
+//          generation, or not live, means the buffer is gone: unpin,
+//          kNotFound. Build the ranges, publish their iovecs (seq_cst),
+//          load the state again (seq_cst): gone means unpin, kNotFound.
+//          Else copy, unless `cancelled` is set; then unpin.
 // Owner:   release stores the slot's state dead (seq_cst), then scans the
-//          pins below `pins_used` (seq_cst: a target stored before the
-//          state store comes after its raise) and waits while an entry targets the slot, unless its
-//          holder is dead (the entry is reaped) or stopped (a stopped thread is not inside a copy:
-//          the kernel stops a task only on its way back to user space; it will unpin, and its next
-//          copy sees the slot dead).
-// Dekker's argument on target/state makes one side always see the other.
+//          pins below `pins_used` (seq_cst: a target stored before the state
+//          store comes after its raise) and waits while an entry targets
+//          the slot. A holder that died is reaped. A holder that stays
+//          stopped (SIGSTOP, a debugger, strace at a system call's entry)
+//          for kStoppedReaderGrace has its copy cancelled: the owner empties
+//          the published iovecs in the holder's memory (process_vm_writev),
+//          sets `cancelled`, and looks once more: a thread stopped at both
+//          looks is not inside a system call (the kernel stops a task only
+//          on its way back to user space, or at a system call's entry,
+//          before the call reads its iovecs), so any copy it made between
+//          the looks has returned, and the next one moves nothing. Its op
+//          fails with kNotFound. A holder that published nothing yet will
+//          see the slot dead when it does. A holder that is running is
+//          waited for, however long.
+// Dekker's argument on target/state, and on the iovecs/state, makes one side
+// always see the other.
 #pragma once
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -41,7 +56,7 @@
 
 namespace rdmabuf::memory {
 
-constexpr uint64_t kSegmentMagic = 0x3274617473627264ull;  // "rdbstat2"
+constexpr uint64_t kSegmentMagic = 0x3374617473627264ull;  // "rdbstat3"
 constexpr uint32_t kSlots = 16384;
 constexpr uint32_t kPins = 4096;
 
@@ -63,9 +78,17 @@ struct alignas(64) Slot {
   uint8_t token[16];
 };
 
-struct alignas(16) PinEntry {
+struct alignas(64) PinEntry {
   std::atomic<uint64_t> holder;  // pid << 32 | tid; 0 when free
   std::atomic<uint64_t> target;  // slot_target(); 0 when none
+  // The holder's copy, once armed: the addresses, in the holder's process,
+  // of its local and remote iovec arrays, `iov_count` entries each (0: not
+  // armed).
+  std::atomic<uint64_t> local_iov;
+  std::atomic<uint64_t> remote_iov;
+  std::atomic<uint32_t> iov_count;
+  // Set by a releasing owner that cancelled the copy (see above).
+  std::atomic<uint32_t> cancelled;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
@@ -113,8 +136,12 @@ class SlotTable {
   // kResourceExhausted when every slot is in use.
   Result<std::pair<uint32_t, uint64_t>> publish(const void* base, uint64_t size,
                                                 const Token& token);
+  // How long a reader may stay stopped inside a copy from a buffer being
+  // retracted before its copy is cancelled (see the header comment).
+  static constexpr std::chrono::milliseconds kStoppedReaderGrace{1000};
+
   // Retracts the buffer in `slot`; returns once no reader is inside a copy
-  // from it (see the header comment).
+  // from it, and none can start one (see the header comment).
   void retract(uint32_t slot);
 
  private:
@@ -135,15 +162,30 @@ class Pin {
   // still live. kNotFound when it is not; kResourceExhausted when every
   // entry is busy with live holders.
   Status acquire(Segment& segment, uint32_t slot, uint64_t generation);
+  // Publishes the copy's iovecs (both arrays of `count` entries, which must
+  // stay where they are, in this thread's hands, until reset()) and checks
+  // again that the buffer is live. kNotFound when it is not.
+  Status arm(const iovec* local, const iovec* remote, size_t count);
+  // True once a releasing owner cancelled this copy: its iovecs were
+  // emptied, and the op must fail (kNotFound) whatever moved.
+  bool cancelled() const {
+    return entry_ && entry_->cancelled.load(std::memory_order_acquire) != 0;
+  }
   void reset();
 
  private:
+  Segment* segment_ = nullptr;
+  uint32_t slot_ = 0;
+  uint64_t generation_ = 0;
   PinEntry* entry_ = nullptr;
 };
 
-// True when the thread `holder` (pid << 32 | tid) no longer exists.
-bool holder_is_gone(uint64_t holder);
-// True when the thread `holder` is stopped or traced (so not in a syscall).
-bool holder_is_stopped(uint64_t holder);
+// What became of the thread `holder` (pid << 32 | tid).
+enum class HolderState {
+  kRunning,  // may be inside a system call
+  kStopped,  // stopped or traced: not inside a system call
+  kGone,     // exited (or a zombie): never copies again
+};
+HolderState holder_state(uint64_t holder);
 
 }  // namespace rdmabuf::memory
