@@ -53,6 +53,7 @@
 #include "common/log.h"
 #include "common/ring_queue.h"
 #include "common/socket.h"
+#include "common/socket_holder.h"
 #include "common/strings.h"
 #include "common/wire.h"
 #include "core/message_parts.h"
@@ -67,8 +68,9 @@ namespace rdmabuf {
 namespace {
 
 constexpr uint32_t kMagic = 0x50454252;  // "RBEP"
-// 2: the channel offer; 3: messages in parts; 4: RDMA channels; 5: notice keys in the hello
-constexpr uint16_t kVersion = 5;
+// 2: the channel offer; 3: messages in parts; 4: RDMA channels; 5: notice keys in the hello;
+// 6: the offerer's socket in the channel offer
+constexpr uint16_t kVersion = 6;
 // Messages up to this size travel inside the control frame (one frame, no
 // one-sided write): small messages cost one trip, not three.
 constexpr uint64_t kInlineLimit = 4096;
@@ -470,6 +472,7 @@ Result<Channel> offer_channel(int fd, Manager& manager, Deadline deadline) {
     offer.fields().put<uint8_t>(1);
     offer.fields().put<uint32_t>(o.pid);
     offer.fields().put<uint32_t>(o.fd);
+    offer.fields().put<uint32_t>(static_cast<uint32_t>(fd));
     offer.u64(o.pid_namespace).u64(o.nonce).blob(text_bytes(o.host_id));
   } else {
     offer.fields().put<uint8_t>(0);
@@ -529,6 +532,7 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
   if (offered == 1) {
     offer.pid = r.get<uint32_t>();
     offer.fd = r.get<uint32_t>();
+    offer.socket_fd = r.get<uint32_t>();
     offer.pid_namespace = r.get<uint64_t>();
     offer.nonce = r.get<uint64_t>();
     auto host = r.view(r.get<uint16_t>());
@@ -547,6 +551,12 @@ Result<Channel> answer_channel(int fd, Manager& manager, Deadline deadline, int 
   // Shared memory first; its refusal, said by this side, goes to the peer.
   std::unique_ptr<ShmChannel> shm;
   Status no_shm = offered == 1 ? shared_memory_allowed(backends) : Status::Ok();
+  if (offered == 1 && no_shm.ok()) {
+    // The pid must be the peer's own before any file of it is opened: else
+    // a peer could have this process open another process's descriptors.
+    no_shm =
+        check_socket_holder(fd, static_cast<pid_t>(offer.pid), static_cast<int>(offer.socket_fd));
+  }
   if (offered == 1 && no_shm.ok()) {
     auto opened = ShmChannel::open(offer);
     no_shm = opened.status();

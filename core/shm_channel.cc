@@ -158,8 +158,13 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::create() {
 }
 
 ShmChannel::Offer ShmChannel::offer() const {
-  return Offer{static_cast<uint32_t>(getpid()), static_cast<uint32_t>(fd_.get()),
-               pid_namespace_id(), nonce_, this_host_id()};
+  Offer o;
+  o.pid = static_cast<uint32_t>(getpid());
+  o.fd = static_cast<uint32_t>(fd_.get());
+  o.pid_namespace = pid_namespace_id();
+  o.nonce = nonce_;
+  o.host_id = this_host_id();
+  return o;
 }
 
 Result<std::unique_ptr<ShmChannel>> ShmChannel::open(const Offer& offer) {

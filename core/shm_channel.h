@@ -42,10 +42,14 @@ class ShmChannel {
   // What the accepting side needs to open the creator's file: the creator's
   // process and descriptor (opened through /proc/PID/fd/FD), where that pid
   // means something, and a random nonce written into the file, which proves
-  // that the file opened is the one offered.
+  // that the file opened is the one offered. The endpoint handshake adds the
+  // creator's descriptor of the connection the offer travels on
+  // (`socket_fd`), so that the accepting side checks, before it opens
+  // anything, that the pid is the peer's (common/socket_holder.h).
   struct Offer {
     uint32_t pid = 0;
     uint32_t fd = 0;
+    uint32_t socket_fd = 0;
     uint64_t pid_namespace = 0;
     uint64_t nonce = 0;
     std::string host_id;

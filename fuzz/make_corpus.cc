@@ -333,14 +333,15 @@ void write_endpoint_handshakes(CorpusWriter& out) {
   out.write("peer_offers_rdma.bin",
             side(0, {hello, offer(1),
                      raw_frame(RawFrame::kChannelReady, RawPayload().u8(1).blob("address"))}));
-  // Rings of this very process (the fuzzer's pid is unknown here: 1), at
-  // an fd the fuzzer holds: ShmChannel::open must refuse whatever it finds.
+  // Rings of a process that is not the peer (pid 1), at an fd the fuzzer
+  // holds, over a socket it names: refused before anything is opened.
   out.write(
       "peer_offers_rings.bin",
       side(0, {hello,
-               raw_frame(RawFrame::kChannelOffer,
-                         RawPayload().u8(1).u32(1).u32(3).u64(1).u64(42).blob("host").u8(0).blob(
-                             "no NIC"))}));
+               raw_frame(
+                   RawFrame::kChannelOffer,
+                   RawPayload().u8(1).u32(1).u32(3).u32(4).u64(1).u64(42).blob("host").u8(0).blob(
+                       "no NIC"))}));
   auto answer = [](uint8_t taken, const std::string& address) {
     return raw_frame(RawFrame::kChannelAnswer,
                      RawPayload().u8(taken).blob("").blob("").blob(address));

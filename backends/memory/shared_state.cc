@@ -94,7 +94,13 @@ Result<std::unique_ptr<Segment>> Segment::create(uint64_t manager_id) {
 
 Result<std::unique_ptr<Segment>> Segment::open(pid_t pid, int fd, uint64_t manager_id) {
   std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  Fd file(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  // A handle names the pid and fd, and any peer may forge one: never open
+  // anything but a regular file (a memfd is one), and never block opening.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return NotFound(path + " is not an rdmabuf shared state (not a regular file)");
+  }
+  Fd file(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
   if (!file.valid()) {
     int err = errno;
     if (err == ENOENT) return NotFound("the owner process has no shared state at " + path);

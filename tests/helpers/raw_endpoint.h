@@ -95,7 +95,7 @@ inline uint64_t read_u64_le(std::span<const uint8_t> bytes, size_t at) {
 class RawEndpointPeer {
  public:
   static constexpr uint32_t kMagic = 0x50454252;
-  static constexpr uint16_t kVersion = 5;
+  static constexpr uint16_t kVersion = 6;
   // The notice key a raw peer's hello gives (docs/wire-format.md, hello).
   static constexpr uint64_t kNoticeKey = 0x6b65795f6b6579;
   static std::vector<uint8_t> hello(uint64_t manager_id) {
@@ -181,6 +181,9 @@ class RawEndpointPeer {
 
   // Gone: the real side's writes from now on fail.
   void close() { fd_.reset(); }
+
+  // This side's descriptor of the connection.
+  int fd() const { return fd_.get(); }
 
   // The notice key of the real side's endpoint, from its hello (finish()).
   uint64_t peer_notice_key() const { return peer_notice_key_; }

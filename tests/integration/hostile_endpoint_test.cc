@@ -12,6 +12,8 @@
 #include <memory>
 #include <thread>
 
+#include "common/host.h"
+#include "tests/helpers/process.h"
 #include "tests/helpers/raw_endpoint.h"
 #include "tests/integration/integration.h"
 
@@ -355,6 +357,62 @@ TEST_F(HostileEndpointTest, AnOfferThatGivesNoReasonsIsSaidSo) {
   ASSERT_TRUE(accepted.ok()) << accepted.status().to_string();
   EXPECT_EQ((*accepted)->channel(),
             "tcp (shared memory: the peer: it gave no reason; RDMA: the peer: it gave no reason)");
+}
+
+// A shared-memory offer names the process whose file the accepting side is
+// to open. Naming another process (here a child of the test, whose stdin
+// is a pipe the accepting side could open) or a descriptor of the peer's
+// own that is not this connection is refused before anything is opened:
+// the endpoint goes over TCP and says why. (The offered file is fd 0 of the
+// process named.)
+TEST_F(HostileEndpointTest, AnOfferNamingAProcessThatIsNotThePeerIsRefusedUnopened) {
+  auto manager = make_manager([](Config& c) { c.backends = {"memory", "tcp"}; });
+  ASSERT_TRUE(manager);
+  auto listener = manager->listen("127.0.0.1:0");
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  std::string error;
+  auto bystander = Subprocess::spawn(RDMABUF_TEST_READER, {"--wait", "x", "1"}, {}, &error);
+  ASSERT_NE(bystander, nullptr) << error;
+  struct Lie {
+    const char* what;
+    uint32_t pid;
+    int socket;  // -1: the raw peer's own descriptor of the connection
+    const char* why;
+  };
+  const Lie lies[] = {
+      {"another process", static_cast<uint32_t>(bystander->pid()), 0,
+       "does not hold the other end of this connection"},
+      {"the peer, with another descriptor", static_cast<uint32_t>(getpid()), 0,
+       "does not hold the other end of this connection"},
+      {"the peer, with no such descriptor", static_cast<uint32_t>(getpid()), 999999,
+       "has no descriptor 999999"},
+      // The truth about the process, and a file that is not rings: the
+      // check passes, and the file is refused for what it is.
+      {"the peer, truthfully", static_cast<uint32_t>(getpid()), -1,
+       "is not an endpoint's shared rings"},
+  };
+  for (const Lie& lie : lies) {
+    SCOPED_TRACE(lie.what);
+    auto raw = RawEndpointPeer::connect((*listener)->address());
+    ASSERT_TRUE(raw.has_value());
+    ASSERT_TRUE(raw->send_hello(0x5eed));
+    const auto socket = static_cast<uint32_t>(lie.socket < 0 ? raw->fd() : lie.socket);
+    ASSERT_TRUE(raw->send(raw_frame(RawFrame::kChannelOffer, RawPayload()
+                                                                 .u8(1)
+                                                                 .u32(lie.pid)
+                                                                 .u32(0)
+                                                                 .u32(socket)
+                                                                 .u64(pid_namespace_id())
+                                                                 .u64(42)
+                                                                 .blob(this_host_id())
+                                                                 .u8(0)
+                                                                 .blob("none"))));
+    auto accepted = (*listener)->accept(kTimeout);
+    ASSERT_TRUE(accepted.ok()) << accepted.status().to_string();
+    EXPECT_EQ((*accepted)->channel().rfind("tcp (shared memory: this side: ", 0), 0u)
+        << (*accepted)->channel();
+    EXPECT_NE((*accepted)->channel().find(lie.why), std::string::npos) << (*accepted)->channel();
+  }
 }
 
 TEST_F(HostileEndpointTest, AnAbsurdLoanIsRefusedAndTheEndpointGoesOn) {
