@@ -12,10 +12,11 @@ import time
 import weakref
 from typing import Any
 
+import needs
 import pytest
 
-np = pytest.importorskip("numpy")
-torch = pytest.importorskip("torch")
+np = needs.module("numpy")
+torch = needs.module("torch")
 
 import peers
 import rdmabuf

@@ -7,10 +7,11 @@ import pickle
 import time
 from typing import Any
 
+import needs
 import pytest
 
-np = pytest.importorskip("numpy")
-torch = pytest.importorskip("torch")
+np = needs.module("numpy")
+torch = needs.module("torch")
 
 import peers
 import rdmabuf

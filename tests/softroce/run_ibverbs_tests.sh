@@ -6,7 +6,10 @@
 #   run_ibverbs_tests.sh CONFORMANCE_TESTS INTEGRATION_TESTS BUILD_DIR
 #
 # Exit 125 (ctest: skipped) when RDMABUF_SOFTROCE=0, or when the VM cannot be
-# set up on this machine (softroce-vm says why); otherwise the tests' status.
+# set up on this machine (softroce-vm says why: no QEMU, no kernel). A guest
+# that does not boot fails; so does a run that tested nothing: ibverbs not
+# viable in the guest (RDMABUF_TEST_REQUIRE_BACKENDS makes the conformance
+# suite fail rather than skip), any test skipped, or a binary that ran none.
 set -euo pipefail
 
 [ $# -eq 3 ] || { echo "usage: $0 CONFORMANCE_TESTS INTEGRATION_TESTS BUILD_DIR" >&2; exit 2; }
@@ -18,14 +21,33 @@ if [ "${RDMABUF_SOFTROCE:-1}" = 0 ]; then
   exit 125
 fi
 
-# Emulated CPUs: the whole run takes about a minute once the VM is cached.
-# The guest writes nothing but test output; gtest's own skips (none are
-# expected in the VM) would show in it.
+# Left out, by name (they would skip, saying so): over ibverbs a write in
+# flight while its target is deregistered can run to its deadline (a known
+# limitation of Soft-RoCE: docs/threads.md).
+known_gaps="*EndpointReceiveAbandonedAmidALongMessageTakesNoMoreBytes*"
+echo "not run over ibverbs (known limitations): $known_gaps"
+
+# Emulated CPUs: the whole run takes about two minutes once the VM is cached.
+# The guest writes nothing but test output, which is kept to be checked.
+log=$(mktemp "${TMPDIR:-/tmp}/softroce-tests.XXXXXX")
+trap 'rm -f "$log"' EXIT
 status=0
-"$repo/scripts/softroce-vm" --timeout 1500 --share "$build_dir" -- \
-  sh -c '"$1" --gtest_filter="*/ibverbs" && "$2" --gtest_filter="Ibverbs*"' \
-  sh "$conformance" "$integration" || status=$?
+RDMABUF_TEST_REQUIRE_BACKENDS=ibverbs "$repo/scripts/softroce-vm" --timeout 1500 \
+  --share "$build_dir" -- \
+  sh -c '"$1" --gtest_filter="*/ibverbs:-$3" && "$2" --gtest_filter="Ibverbs*"' \
+  sh "$conformance" "$integration" "$known_gaps" 2>&1 | tee "$log" || status=${PIPESTATUS[0]}
 if [ "$status" = 125 ]; then
   echo "skipped: the Soft-RoCE VM cannot be set up on this machine (see above)"
+  exit 125
 fi
-exit "$status"
+[ "$status" = 0 ] || exit "$status"
+if grep -q '^\[  SKIPPED \]' "$log"; then
+  echo "failed: tests were skipped inside the VM, which exists to run them:"
+  grep '^\[  SKIPPED \]' "$log" | sort -u
+  exit 1
+fi
+passed=$(grep -c '^\[  PASSED  \] [1-9]' "$log" || true)
+if [ "$passed" != 2 ]; then
+  echo "failed: expected both test binaries to pass some tests in the VM, saw $passed"
+  exit 1
+fi
