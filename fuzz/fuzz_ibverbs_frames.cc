@@ -7,7 +7,7 @@
 // Feeds each input twice through a socket pair that holds exactly the
 // input and then end of stream: once as the owner reads a connection
 // (connect, then queries until one fails), once as the reader does
-// (accepted, then 16-byte answers until the bytes run out).
+// (accepted, then 24-byte answers until the bytes run out).
 //
 // Checks every decoded frame against a decoder written from
 // docs/wire-format.md ("The ibverbs backend's context and handshake"): the
@@ -34,11 +34,12 @@ namespace {
 
 using ibverbs::Endpoint;
 
-constexpr size_t kConnect = 8 + 64 + 32;
 constexpr size_t kEndpoint = 32;
+constexpr size_t kClaim = 32;  // u64 id, u8[16] token, u64 region size
+constexpr size_t kConnect = 8 + 64 + kEndpoint + kClaim;
 constexpr size_t kAcceptedFixed = 8 + kEndpoint + 4;
-constexpr size_t kQuery = 40;
-constexpr size_t kAnswer = 16;
+constexpr size_t kQuery = 8 + kClaim;
+constexpr size_t kAnswer = 24;
 constexpr uint32_t kMaxMessage = 1024;
 constexpr uint8_t kMaxCode = 11;  // StatusCode::kInternal
 
@@ -78,9 +79,17 @@ bool same_bytes(const std::vector<uint8_t>& a, std::span<const uint8_t> b) {
 
 // --- The owner's side: connect, then queries ---------------------------------
 
+ibverbs::HandleClaim reference_claim(std::span<const uint8_t> in) {
+  ibverbs::HandleClaim c;
+  c.id = load<uint64_t>(in, 0);
+  std::memcpy(c.token.data(), in.data() + 8, 16);
+  c.region_size = load<uint64_t>(in, 24);
+  return c;
+}
+
 Result<ibverbs::ConnectRequest> reference_connect(std::span<const uint8_t> in) {
   if (in.size() < kConnect) return Unavailable("short");
-  if (std::memcmp(in.data(), "RBIV", 4) != 0 || load<uint16_t>(in, 4) != 1 ||
+  if (std::memcmp(in.data(), "RBIV", 4) != 0 || load<uint16_t>(in, 4) != 2 ||
       load<uint16_t>(in, 6) != 0) {
     return ProtocolError("malformed");
   }
@@ -88,7 +97,8 @@ Result<ibverbs::ConnectRequest> reference_connect(std::span<const uint8_t> in) {
   size_t length = static_cast<size_t>(std::find(name.begin(), name.end(), 0) - name.begin());
   if (length == name.size() || !all_zero(name.subspan(length))) return ProtocolError("name");
   RDMABUF_ASSIGN_OR_RETURN(Endpoint e, reference_endpoint(in.subspan(72, kEndpoint)));
-  return ibverbs::ConnectRequest{std::string(name.begin(), name.begin() + length), e};
+  return ibverbs::ConnectRequest{std::string(name.begin(), name.begin() + length), e,
+                                 reference_claim(in.subspan(72 + kEndpoint, kClaim))};
 }
 
 void check_owner_side(std::span<const uint8_t> in) {
@@ -97,10 +107,11 @@ void check_owner_side(std::span<const uint8_t> in) {
   auto want = reference_connect(in);
   RDMABUF_FUZZ_CHECK(got.status().code() == want.status().code());
   if (!got.ok()) return;
-  RDMABUF_FUZZ_CHECK(got->device == want->device && same_endpoint(got->endpoint, want->endpoint));
+  RDMABUF_FUZZ_CHECK(got->device == want->device && same_endpoint(got->endpoint, want->endpoint) &&
+                     got->claim == want->claim);
   RDMABUF_FUZZ_CHECK(same_bytes(encoded([&](int fd) {
                                   return ibverbs::send_connect(fd, got->device, got->endpoint,
-                                                               Clock::now(), -1);
+                                                               got->claim, Clock::now(), -1);
                                 }),
                                 in.first(kConnect)));
   for (size_t pos = kConnect;; pos += kQuery) {
@@ -114,15 +125,9 @@ void check_owner_side(std::span<const uint8_t> in) {
       RDMABUF_FUZZ_CHECK(query.status().code() == StatusCode::kProtocolError);
       return;
     }
-    RDMABUF_FUZZ_CHECK(query.ok() && query->id == load<uint64_t>(q, 8) &&
-                       std::memcmp(query->token.data(), q.data() + 16, 16) == 0 &&
-                       query->region_size == load<uint64_t>(q, 32));
-    RDMABUF_FUZZ_CHECK(same_bytes(encoded([&](int fd) {
-                                    return ibverbs::send_query(fd, query->id, query->token,
-                                                               query->region_size, Clock::now(),
-                                                               -1);
-                                  }),
-                                  q));
+    RDMABUF_FUZZ_CHECK(query.ok() && *query == reference_claim(q.subspan(8, kClaim)));
+    RDMABUF_FUZZ_CHECK(same_bytes(
+        encoded([&](int fd) { return ibverbs::send_query(fd, *query, Clock::now(), -1); }), q));
   }
 }
 
@@ -165,15 +170,17 @@ void check_reader_side(std::span<const uint8_t> in) {
     RDMABUF_FUZZ_CHECK(recv_exact(pair.local.get(), bytes.data(), kAnswer, Clock::now()).ok());
     auto answer = ibverbs::parse_answer(bytes);
     std::span<const uint8_t> a = in.subspan(pos, kAnswer);
-    if (a[0] > kMaxCode || !all_zero(a.subspan(1, 7))) {
+    const uint32_t rkey = load<uint32_t>(a, 16);
+    // A refusal carries no key.
+    if (a[0] > kMaxCode || !all_zero(a.subspan(1, 7)) || !all_zero(a.subspan(20, 4)) ||
+        (a[0] != 0 && rkey != 0)) {
       RDMABUF_FUZZ_CHECK(answer.status().code() == StatusCode::kProtocolError);
       continue;
     }
     RDMABUF_FUZZ_CHECK(answer.ok() && answer->id == load<uint64_t>(a, 8) &&
-                       answer->code == static_cast<StatusCode>(a[0]));
-    RDMABUF_FUZZ_CHECK(same_bytes(
-        encoded([&](int fd) { return ibverbs::send_answer(fd, answer->id, answer->code, -1); }),
-        a));
+                       answer->code == static_cast<StatusCode>(a[0]) && answer->rkey == rkey);
+    RDMABUF_FUZZ_CHECK(
+        same_bytes(encoded([&](int fd) { return ibverbs::send_answer(fd, *answer, -1); }), a));
   }
 }
 

@@ -106,7 +106,7 @@ void write_handles_and_contexts(CorpusWriter& out) {
   auto slice = every.slice(1000, 8);
   RDMABUF_FUZZ_CHECK(slice.ok());
 
-  ibverbs::HandleContext rdma{"mlx5_0", 0x7f3a12345000, 0x1234};
+  ibverbs::HandleContext rdma{"mlx5_0", 0x7f3a12345000};
   detail::RemoteBufferFields fields;
   fields.id = 42;
   fields.region_size = 1 << 20;
@@ -131,7 +131,7 @@ void write_handles_and_contexts(CorpusWriter& out) {
     out.write("memory_from_manager.bin", memory->data);
   }
   out.write("ibverbs_mlx5_0.bin", ibverbs::encode_context(rdma));
-  out.write("ibverbs_rxe0.bin", ibverbs::encode_context({"rxe0", 0x55d0c0de0000, 0xabcd}));
+  out.write("ibverbs_rxe0.bin", ibverbs::encode_context({"rxe0", 0x55d0c0de0000}));
 }
 
 // --- fuzz_hello -------------------------------------------------------------
@@ -169,20 +169,22 @@ void write_ibverbs_frames(CorpusWriter& out) {
   token.fill(0xa1);
 
   out.start("fuzz_ibverbs_frames");
-  auto connect = captured(
-      [&](int fd) { return ibverbs::send_connect(fd, "rxe0", endpoint, Clock::now(), -1); });
+  auto connect = captured([&](int fd) {
+    return ibverbs::send_connect(fd, "rxe0", endpoint, {1, token, 32 << 10}, Clock::now(), -1);
+  });
   auto query = [&](uint64_t id, uint64_t size) {
-    return captured(
-        [&](int fd) { return ibverbs::send_query(fd, id, token, size, Clock::now(), -1); });
+    return captured([&](int fd) {
+      return ibverbs::send_query(fd, {id, token, size}, Clock::now(), -1);
+    });
   };
   out.write("owner_connect_queries.bin", joined({connect, query(1, 32 << 10), query(2, 256)}));
   auto accepted = captured(
       [&](int fd) { return ibverbs::send_accepted(fd, Status::Ok(), endpoint, Clock::now(), -1); });
-  auto answer = [&](uint64_t id, StatusCode code) {
-    return captured([&](int fd) { return ibverbs::send_answer(fd, id, code, -1); });
+  auto answer = [&](uint64_t id, StatusCode code, uint32_t rkey) {
+    return captured([&](int fd) { return ibverbs::send_answer(fd, {id, code, rkey}, -1); });
   };
-  out.write("reader_accepted_answers.bin",
-            joined({accepted, answer(1, StatusCode::kOk), answer(7, StatusCode::kNotFound)}));
+  out.write("reader_accepted_answers.bin", joined({accepted, answer(1, StatusCode::kOk, 0x80001d42),
+                                                   answer(7, StatusCode::kNotFound, 0)}));
   out.write("reader_refused.bin", captured([&](int fd) {
               return ibverbs::send_accepted(
                   fd, FailedPrecondition("this owner has no RDMA device 'mlx5_1' (it uses rxe0)"),

@@ -37,6 +37,16 @@ constexpr auto kExplainLimit = std::chrono::seconds(2);
 // owner is asked whether its buffer is still there (check_stalled()).
 constexpr auto kStallLimit = std::chrono::seconds(1);
 
+// The owner's answers that stay true for good (ids are never reused): the
+// handle names no buffer of the owner's, or not with this token or size.
+bool refuses_claim(StatusCode code) {
+  return code == StatusCode::kNotFound || code == StatusCode::kPermissionDenied ||
+         code == StatusCode::kInvalidArgument;
+}
+bool is_refusal(const Status& answer) {
+  return refuses_claim(answer.code());
+}
+
 void sleep_for(std::chrono::nanoseconds d) {
   timespec ts{0, static_cast<long>(d.count())};
   ::nanosleep(&ts, nullptr);
@@ -190,6 +200,11 @@ void Connection::connect() {
   // count as a failure (and back off).
   const Deadline deadline = Clock::now() + kConnectBudget;
   const std::string where = context_.owner_address.to_string();
+  // The handle the first op waiting names: the owner sets up a pair only for
+  // a reader that holds one of its handles.
+  const RemoteBuffer& presented = pending_.front().transfer->op(pending_.front().op).remote;
+  const HandleClaim claim = HandleClaim::of(presented);
+  bool claim_refused = false;
   auto attempt = [&]() -> Status {
     QueuePair::Shape shape{kDepth};
     shape.inline_bytes = kNoticeBytes;  // a notice goes in its work request where the NIC allows
@@ -198,9 +213,14 @@ void Connection::connect() {
                              connect_tcp(context_.owner_address, deadline, context_.stop_fd));
     Hello hello{Channel::kIbverbs, context_.self_id, context_.owner_id};
     RDMABUF_RETURN_IF_ERROR(exchange_hello(fd.get(), hello, deadline, context_.stop_fd).status());
-    RDMABUF_RETURN_IF_ERROR(
-        send_connect(fd.get(), context_.owner_device, qp->local(), deadline, context_.stop_fd));
-    RDMABUF_ASSIGN_OR_RETURN(Endpoint remote, read_accepted(fd.get(), deadline, context_.stop_fd));
+    RDMABUF_RETURN_IF_ERROR(send_connect(fd.get(), context_.owner_device, qp->local(), claim,
+                                         deadline, context_.stop_fd));
+    auto accepted = read_accepted(fd.get(), deadline, context_.stop_fd);
+    if (!accepted.ok()) {
+      claim_refused = refuses_claim(accepted.status().code());
+      return accepted.status();
+    }
+    const Endpoint remote = *accepted;
     RDMABUF_RETURN_IF_ERROR(qp->connect(remote));
     qp_ = std::move(qp);
     control_ = std::move(fd);
@@ -209,6 +229,22 @@ void Connection::connect() {
   Status st = attempt();
   if (!st.ok() && context_.stopping->load(std::memory_order_acquire)) {
     fail_pending(Cancelled("the manager is shutting down"));
+    return;
+  }
+  if (claim_refused) {
+    // The handle is at fault, not the owner: its ops fail (and later ones
+    // at once), the others try again with a handle of their own.
+    Status refused(st.code(), "the owner refused the handle: " + st.message());
+    validated_[claim.id] = Validated{claim, refused, 0};
+    std::deque<Chunk> kept;
+    for (Chunk& c : pending_) {
+      if (HandleClaim::of(c.transfer->op(c.op).remote) == claim) {
+        complete(c, refused);
+      } else {
+        kept.push_back(std::move(c));
+      }
+    }
+    pending_.swap(kept);
     return;
   }
   if (st.ok()) {
@@ -271,7 +307,8 @@ bool Connection::post() {
       continue;
     }
     const RemoteBuffer& remote = t->op(c.op).remote;
-    if (const Status* answer = answer_about(remote); !answer) {
+    const Validated* granted = validated(remote);
+    if (!granted) {
       // Never posted before the owner confirms the handle.
       const uint64_t id = remote.id();
       Status asked = ask(remote);
@@ -284,8 +321,8 @@ bool Connection::post() {
         break;
       }
       continue;
-    } else if (!answer->ok()) {
-      complete(c, *answer);
+    } else if (!granted->answer.ok()) {
+      complete(c, granted->answer);
       pending_.pop_front();
       progressed = true;
       continue;
@@ -315,7 +352,7 @@ bool Connection::post() {
       sge.lkey = (*region)->lkey();
       wr.opcode = c.kind == OpKind::kReadIntoLocal ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
       wr.wr.rdma.remote_addr = c.remote_addr;
-      wr.wr.rdma.rkey = c.rkey;
+      wr.wr.rdma.rkey = granted->rkey;
     }
     wr.sg_list = &sge;
     wr.num_sge = 1;
@@ -416,27 +453,26 @@ bool Connection::poll() {
   return n > 0;
 }
 
-const Status* Connection::answer_about(const RemoteBuffer& remote) const {
+const Connection::Validated* Connection::validated(const RemoteBuffer& remote) const {
   auto it = validated_.find(remote.id());
-  if (it == validated_.end() || it->second.token != remote.token() ||
-      it->second.region_size != remote.region_size()) {
-    return nullptr;
-  }
-  return &it->second.answer;
+  if (it == validated_.end() || it->second.claim != HandleClaim::of(remote)) return nullptr;
+  return &it->second;
+}
+
+const Status* Connection::answer_about(const RemoteBuffer& remote) const {
+  const Validated* v = validated(remote);
+  return v ? &v->answer : nullptr;
 }
 
 Status Connection::ask(const RemoteBuffer& remote) {
+  const HandleClaim claim = HandleClaim::of(remote);
   for (const Query& q : asked_) {
-    if (q.id == remote.id() && q.token == remote.token() && q.region_size == remote.region_size()) {
-      return Status::Ok();
-    }
+    if (q.claim == claim) return Status::Ok();
   }
   // 40 bytes: the socket takes them at once unless the connection is dead.
-  RDMABUF_RETURN_IF_ERROR(send_query(control_.get(), remote.id(), remote.token(),
-                                     remote.region_size(), Clock::now() + kAnswerLimit,
-                                     context_.stop_fd));
-  asked_.push_back(
-      Query{next_query_++, remote.id(), remote.token(), remote.region_size(), Clock::now()});
+  RDMABUF_RETURN_IF_ERROR(
+      send_query(control_.get(), claim, Clock::now() + kAnswerLimit, context_.stop_fd));
+  asked_.push_back(Query{next_query_++, claim, Clock::now()});
   return Status::Ok();
 }
 
@@ -454,7 +490,7 @@ Status Connection::take_answers() {
     if (answer_have_ < answer_bytes_.size()) continue;
     answer_have_ = 0;
     RDMABUF_ASSIGN_OR_RETURN(BufferAnswer a, parse_answer(answer_bytes_));
-    if (asked_.empty() || asked_.front().id != a.id) {
+    if (asked_.empty() || asked_.front().claim.id != a.id) {
       return ProtocolError("the owner answered a question about buffer " + std::to_string(a.id) +
                            " that was not asked");
     }
@@ -473,15 +509,19 @@ Status Connection::take_answers() {
       case StatusCode::kInvalidArgument:
         answer = InvalidArgument("the handle's buffer size does not match the owner's");
         break;
+      case StatusCode::kUnavailable:
+      case StatusCode::kResourceExhausted:
+        answer = Status(a.code, "the owner could not open the buffer to this queue pair");
+        break;
       default:
         return ProtocolError("the owner answered about buffer " + std::to_string(a.id) +
                              " with code " + std::to_string(static_cast<int>(a.code)));
     }
-    // Ids are never reused: a refusal stays true, a confirmation until the
-    // buffer is released (see validated_).
-    validated_[q.id] = Validated{q.token, q.region_size, answer};
+    // Ids are never reused: a refusal stays true, a grant holds while this
+    // pair does, unless the buffer is released (see validated_).
+    validated_[q.claim.id] = Validated{q.claim, answer, a.rkey};
     // The handle's chunks go first, in their order: they have waited.
-    auto parked = parked_.find(q.id);
+    auto parked = parked_.find(q.claim.id);
     if (parked != parked_.end()) {
       for (auto it = parked->second.rbegin(); it != parked->second.rend(); ++it)
         pending_.push_front(std::move(*it));
@@ -499,7 +539,7 @@ bool Connection::read_answers() {
   }
   if (!asked_.empty() && Clock::now() - asked_.front().sent > kAnswerLimit) {
     reset(0, Unavailable("the owner did not answer about buffer " +
-                         std::to_string(asked_.front().id) + " within 10 s"));
+                         std::to_string(asked_.front().claim.id) + " within 10 s"));
     return true;
   }
   return asked_.size() != asked;  // answered: chunks may wait in pending_
@@ -541,7 +581,7 @@ Status Connection::explain(ibv_wc_status status, const Chunk& chunk) {
       if (owner && owner->code() == StatusCode::kNotFound) {
         // Remembered: later ops on this handle fail without a round trip.
         Status gone = NotFound("the owner released this buffer");
-        validated_[remote.id()].answer = gone;
+        validated_[remote.id()] = Validated{HandleClaim::of(remote), gone, 0};
         return gone;
       }
       if (owner && owner->code() == StatusCode::kPermissionDenied) return *owner;
@@ -607,7 +647,7 @@ void Connection::check_stalled() {
       Status refused = answer->code() == StatusCode::kNotFound
                            ? NotFound("the owner released this buffer while the op was in flight")
                            : *answer;
-      validated_[remote.id()].answer = refused;  // later ops fail without a question
+      validated_[remote.id()] = Validated{HandleClaim::of(remote), refused, 0};  // no more asking
       reset(p->wr_id, refused);
       return;
     }
@@ -670,6 +710,8 @@ void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
   }
   if (failed_transfer) RDMABUF_LOG_INFO("ibverbs: work request failed: " + cause.to_string());
   control_.reset();
+  // The keys were granted to this pair alone; refusals stay true.
+  std::erase_if(validated_, [](const auto& entry) { return !is_refusal(entry.second.answer); });
   asked_.clear();
   answer_have_ = 0;
   watched_wr_ = 0;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/ibverbs/device.h"
+#include "backends/ibverbs/handshake.h"
 #include "backends/ibverbs/queue_pair.h"
 #include "common/inbox.h"
 #include "common/socket.h"
@@ -43,8 +44,7 @@ struct Chunk {
   uint32_t op = 0;
   OpKind kind = OpKind::kReadIntoLocal;
   std::byte* local = nullptr;
-  uint64_t remote_addr = 0;
-  uint32_t rkey = 0;
+  uint64_t remote_addr = 0;  // the key comes from the owner's grant, at post time
   uint32_t length = 0;
   // Times it was flushed by a queue pair failure it did not cause; such a
   // chunk is posted again on the next queue pair, once.
@@ -107,13 +107,18 @@ class Connection {
     bool signalled;  // it asked for a completion (see check_stalled())
   };
 
-  // A question about a buffer, sent to the owner, not answered yet.
+  // A request for access to a buffer, sent to the owner, not answered yet.
   struct Query {
     uint64_t seq;
-    uint64_t id;
-    Token token;
-    uint64_t region_size;
+    HandleClaim claim;
     Clock::time_point sent;
+  };
+  // What the owner said of a handle used here: the key that reaches its
+  // buffer through this pair (answer OK), or why not.
+  struct Validated {
+    HandleClaim claim;
+    Status answer;
+    uint32_t rkey = 0;
   };
 
   void run();
@@ -146,12 +151,14 @@ class Connection {
   // The root cause of a failed work request, in the library's terms; may
   // ask the owner (a refused key: was the buffer released?).
   Status explain(ibv_wc_status status, const Chunk& chunk);
-  // What the owner said of `remote` (id, token, size) on this connection,
-  // or null when it has not been asked. The NIC checks only the key and the
-  // registered range, so a forged token or size would go unnoticed without
-  // this question, asked once per handle, and again only when an access
-  // was refused (explain()) or requests stalled (check_stalled()), either
-  // of which may mean that the owner released the buffer.
+  // What the owner said of `remote` (id, token, size) on this pair, or null
+  // when it has not been asked. Asked once per handle and pair before its
+  // first work request, since only the owner's answer gives the key that
+  // reaches the buffer through this pair (handshake.h); and again only when
+  // an access was refused (explain()) or requests stalled
+  // (check_stalled()), either of which may mean that the owner released
+  // the buffer.
+  const Validated* validated(const RemoteBuffer& remote) const;
   const Status* answer_about(const RemoteBuffer& remote) const;
   // Sends the question about `remote` unless it is already out.
   Status ask(const RemoteBuffer& remote);
@@ -197,22 +204,17 @@ class Connection {
   // (slot wr_id % depth: posted_ never holds more), registered on first use.
   std::unique_ptr<uint8_t[]> notice_slots_;
   std::shared_ptr<MemoryRegion> notice_region_;
-  // What the owner said of each handle used here (see answer_about()), by id.
-  // Ids are never reused, so a refusal stays true; a confirmation holds until
-  // the owner releases the buffer, which explain() and check_stalled() find
-  // out by forgetting it and asking again. A release they learnt is recorded
-  // too.
-  struct Validated {
-    Token token;
-    uint64_t region_size;
-    Status answer;
-  };
+  // What the owner said of each handle used here (see validated()), by id.
+  // Ids are never reused, so a refusal stays true; a grant holds while this
+  // pair does (reset() forgets it), or until the owner releases the buffer,
+  // which explain() and check_stalled() find out by forgetting it and asking
+  // again. A release they learnt is recorded too.
   std::unordered_map<uint64_t, Validated> validated_;
   // Questions out, in the order sent (the owner answers in that order),
   // and the bytes of the next answer received so far.
   std::deque<Query> asked_;
   uint64_t next_query_ = 1;
-  std::array<uint8_t, 16> answer_bytes_{};
+  std::array<uint8_t, kAnswerBytes> answer_bytes_{};
   size_t answer_have_ = 0;
   // Chunks waiting for the owner's answer about their buffer, by buffer id.
   std::unordered_map<uint64_t, std::vector<Chunk>> parked_;

@@ -37,6 +37,13 @@ class Device {
   ibv_mtu mtu() const { return port_attr_.active_mtu; }
   bool is_roce() const { return port_attr_.link_layer == IBV_LINK_LAYER_ETHERNET; }
   const ibv_device_attr& attr() const { return device_attr_; }
+  // Whether the device binds type-2 memory windows to a queue pair (the
+  // owner's access control, remote_access.h).
+  bool has_windows() const {
+    return device_attr_.max_mw > 0 &&
+           (device_attr_.device_cap_flags &
+            (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
+  }
 
   // "rxe0 port 1 (RoCE, active, MTU 1024), GID[1] ::ffff:10.0.2.15 (RoCE v2)"
   std::string describe() const;
@@ -68,6 +75,7 @@ class MemoryRegion {
   MemoryRegion& operator=(const MemoryRegion&) = delete;
   uint32_t lkey() const { return mr_->lkey; }
   uint32_t rkey() const { return mr_->rkey; }
+  ibv_mr* mr() const { return mr_; }
   const std::byte* begin() const { return static_cast<const std::byte*>(mr_->addr); }
   const std::byte* end() const { return begin() + mr_->length; }
 

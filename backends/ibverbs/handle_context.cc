@@ -4,7 +4,8 @@
 
 namespace rdmabuf::ibverbs {
 namespace {
-constexpr uint8_t kContextVersion = 1;
+// 2: no remote key (the owner grants one per queue pair: handshake.h)
+constexpr uint8_t kContextVersion = 2;
 }  // namespace
 
 std::vector<uint8_t> encode_context(const HandleContext& c) {
@@ -13,7 +14,6 @@ std::vector<uint8_t> encode_context(const HandleContext& c) {
   w.put<uint8_t>(kContextVersion);
   w.put<uint8_t>(0);
   w.put<uint16_t>(0);
-  w.put<uint32_t>(c.rkey);
   w.put<uint64_t>(c.addr);
   w.short_string(c.device);
   return out;
@@ -25,7 +25,6 @@ Result<HandleContext> decode_context(std::span<const uint8_t> data) {
   uint8_t version = r.get<uint8_t>();
   uint8_t reserved0 = r.get<uint8_t>();
   uint16_t reserved1 = r.get<uint16_t>();
-  c.rkey = r.get<uint32_t>();
   c.addr = r.get<uint64_t>();
   c.device = r.short_string();
   if (!r.ok() || r.remaining() != 0 || version != kContextVersion || reserved0 != 0 ||

@@ -11,7 +11,8 @@ namespace rdmabuf::ibverbs {
 namespace {
 
 constexpr uint8_t kMagic[4] = {'R', 'B', 'I', 'V'};
-constexpr uint16_t kVersion = 1;
+// 2: a handle in the connect request, a remote key in each answer
+constexpr uint16_t kVersion = 2;
 constexpr uint32_t kMaxMessage = 1024;
 constexpr uint8_t kQueryBuffer = 1;
 constexpr uint8_t kNoticeMagic[4] = {'R', 'B', 'N', 'T'};
@@ -24,6 +25,22 @@ bool zeros(WireReader& r, size_t size) {
 
 Status send_all(int fd, const std::vector<uint8_t>& out, Deadline deadline, int stop_fd) {
   return send_exact(fd, out.data(), out.size(), deadline, stop_fd);
+}
+
+constexpr size_t kClaimBytes = 32;
+
+void put_claim(WireWriter& w, const HandleClaim& c) {
+  w.put<uint64_t>(c.id);
+  w.bytes(c.token.data(), c.token.size());
+  w.put<uint64_t>(c.region_size);
+}
+
+HandleClaim get_claim(WireReader& r) {
+  HandleClaim c;
+  c.id = r.get<uint64_t>();
+  r.bytes(c.token.data(), c.token.size());
+  c.region_size = r.get<uint64_t>();
+  return c;
 }
 
 }  // namespace
@@ -55,7 +72,7 @@ Result<Endpoint> get_endpoint(WireReader& r) {
 }
 
 Status send_connect(int fd, const std::string& owner_device, const Endpoint& mine,
-                    Deadline deadline, int stop_fd) {
+                    const HandleClaim& claim, Deadline deadline, int stop_fd) {
   std::vector<uint8_t> out;
   WireWriter w(out);
   w.bytes(kMagic, sizeof kMagic);
@@ -65,11 +82,12 @@ Status send_connect(int fd, const std::string& owner_device, const Endpoint& min
   std::strncpy(device, owner_device.c_str(), sizeof device - 1);
   w.bytes(device, sizeof device);
   put_endpoint(w, mine);
+  put_claim(w, claim);
   return send_all(fd, out, deadline, stop_fd);
 }
 
 Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd) {
-  uint8_t in[8 + kDeviceNameBytes + kEndpointBytes];
+  uint8_t in[8 + kDeviceNameBytes + kEndpointBytes + kClaimBytes];
   RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, deadline, stop_fd));
   WireReader r(in);
   if (std::memcmp(r.view(4).data(), kMagic, 4) != 0 || r.get<uint16_t>() != kVersion ||
@@ -86,6 +104,7 @@ Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd) {
   }
   request.device.assign(reinterpret_cast<const char*>(name.data()), length);
   RDMABUF_ASSIGN_OR_RETURN(request.endpoint, get_endpoint(r));
+  request.claim = get_claim(r);
   return request;
 }
 
@@ -120,16 +139,13 @@ Result<Endpoint> read_accepted(int fd, Deadline deadline, int stop_fd) {
   return endpoint;
 }
 
-Status send_query(int fd, uint64_t id, const Token& token, uint64_t region_size, Deadline deadline,
-                  int stop_fd) {
+Status send_query(int fd, const HandleClaim& claim, Deadline deadline, int stop_fd) {
   std::vector<uint8_t> out;
   WireWriter w(out);
   w.put<uint8_t>(kQueryBuffer);
   for (int i = 0; i < 7; ++i)
     w.put<uint8_t>(0);
-  w.put<uint64_t>(id);
-  w.bytes(token.data(), token.size());
-  w.put<uint64_t>(region_size);
+  put_claim(w, claim);
   return send_all(fd, out, deadline, stop_fd);
 }
 
@@ -139,32 +155,33 @@ Result<BufferAnswer> parse_answer(std::span<const uint8_t, kAnswerBytes> bytes) 
   answer.code = static_cast<StatusCode>(r.get<uint8_t>());
   bool reserved_zero = zeros(r, 7);
   answer.id = r.get<uint64_t>();
-  if (!r.ok() || answer.code > StatusCode::kInternal || !reserved_zero) {
+  answer.rkey = r.get<uint32_t>();
+  const bool reserved_too = zeros(r, 4);
+  if (!r.ok() || answer.code > StatusCode::kInternal || !reserved_zero || !reserved_too ||
+      (answer.code != StatusCode::kOk && answer.rkey != 0)) {
     return ProtocolError("malformed answer about a buffer");
   }
   return answer;
 }
 
-Result<BufferQuery> read_query(int fd, int stop_fd) {
-  uint8_t in[40];
+Result<HandleClaim> read_query(int fd, int stop_fd) {
+  uint8_t in[8 + kClaimBytes];
   RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, Deadline::max(), stop_fd));
   WireReader r(in);
   if (r.get<uint8_t>() != kQueryBuffer) return ProtocolError("unknown ibverbs control request");
   if (!zeros(r, 7)) return ProtocolError("ibverbs control request with reserved bits set");
-  BufferQuery q;
-  q.id = r.get<uint64_t>();
-  r.bytes(q.token.data(), q.token.size());
-  q.region_size = r.get<uint64_t>();
-  return q;
+  return get_claim(r);
 }
 
-Status send_answer(int fd, uint64_t id, StatusCode code, int stop_fd) {
+Status send_answer(int fd, const BufferAnswer& answer, int stop_fd) {
   std::vector<uint8_t> out;
   WireWriter w(out);
-  w.put<uint8_t>(static_cast<uint8_t>(code));
+  w.put<uint8_t>(static_cast<uint8_t>(answer.code));
   for (int i = 0; i < 7; ++i)
     w.put<uint8_t>(0);
-  w.put<uint64_t>(id);
+  w.put<uint64_t>(answer.id);
+  w.put<uint32_t>(answer.code == StatusCode::kOk ? answer.rkey : 0);
+  w.put<uint32_t>(0);
   return send_all(fd, out, Clock::now() + std::chrono::seconds(10), stop_fd);
 }
 

@@ -1,13 +1,17 @@
 // The ibverbs backend's control channel (after the hello, see
 // common/hello.h): the reader asks the owner for a queue pair on one of its
-// devices, and later may ask whether a buffer is still registered. The
-// owner keeps its side of the pair while this connection stays open.
+// devices, presenting a handle it holds, and then for access to each buffer
+// whose handle it holds; the owner answers each with the remote key that
+// opens that buffer to this queue pair alone (a memory window bound to it,
+// where the device has them). The owner keeps its side of the pair, and
+// the access it granted, while this connection stays open.
 //
-//   connect  (reader):  "RBIV" | u16 version | u16 0 | char[64] owner device | endpoint
+//   connect  (reader):  "RBIV" | u16 version | u16 0 | char[64] owner device | endpoint | handle
 //   accepted (owner):   u8 status | u8[7] 0 | endpoint | u32 message length | message
-//   query    (reader):  u8 1 | u8[7] 0 | u64 buffer id | u8[16] token | u64 region size
-//   answer   (owner):   u8 status | u8[7] 0 | u64 buffer id
+//   query    (reader):  u8 1 | u8[7] 0 | handle
+//   answer   (owner):   u8 status | u8[7] 0 | u64 buffer id | u32 rkey | u32 0
 //   endpoint (32 B):    u32 qpn | u32 psn | u8[16] gid | u16 lid | u8 mtu | u8 0 | u32 0
+//   handle   (32 B):    u64 buffer id | u8[16] token | u64 region size
 #pragma once
 
 #include <array>
@@ -30,19 +34,34 @@ void put_endpoint(WireWriter& w, const Endpoint& e);
 // kProtocolError when malformed.
 Result<Endpoint> get_endpoint(WireReader& r);
 
-// Reader side.
+// What a reader presents of a handle it holds: the buffer's id, token and
+// size, as the handle says (the owner checks all three).
+struct HandleClaim {
+  uint64_t id = 0;
+  Token token{};
+  uint64_t region_size = 0;
+  static HandleClaim of(const RemoteBuffer& handle) {
+    return {handle.id(), handle.token(), handle.region_size()};
+  }
+  bool operator==(const HandleClaim&) const = default;
+};
+
+// Reader side. The connect request presents `claim`: the owner sets up no
+// queue pair for a reader that holds no handle of its.
 Status send_connect(int fd, const std::string& owner_device, const Endpoint& mine,
-                    Deadline deadline, int stop_fd);
+                    const HandleClaim& claim, Deadline deadline, int stop_fd);
 Result<Endpoint> read_accepted(int fd, Deadline deadline, int stop_fd);
-// Asks whether the owner has buffer `id` with `token` and `region_size`.
-// The owner answers queries in the order they were sent.
-Status send_query(int fd, uint64_t id, const Token& token, uint64_t region_size, Deadline deadline,
-                  int stop_fd);
-constexpr size_t kAnswerBytes = 16;
+// Asks for access to the buffer `claim` names. The owner answers queries in
+// the order they were sent.
+Status send_query(int fd, const HandleClaim& claim, Deadline deadline, int stop_fd);
+constexpr size_t kAnswerBytes = 24;
 struct BufferAnswer {
   uint64_t id = 0;
-  // OK, kNotFound, kPermissionDenied (token) or kInvalidArgument (size).
+  // OK, kNotFound, kPermissionDenied (token), kInvalidArgument (size), or
+  // kResourceExhausted (the owner could not open the buffer to the pair).
   StatusCode code = StatusCode::kOk;
+  // With OK: the remote key that reaches the buffer through this queue pair.
+  uint32_t rkey = 0;
 };
 Result<BufferAnswer> parse_answer(std::span<const uint8_t, kAnswerBytes> bytes);
 
@@ -50,19 +69,15 @@ Result<BufferAnswer> parse_answer(std::span<const uint8_t, kAnswerBytes> bytes);
 struct ConnectRequest {
   std::string device;
   Endpoint endpoint;
+  HandleClaim claim;
 };
 Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd);
 Status send_accepted(int fd, const Status& status, const Endpoint& mine, Deadline deadline,
                      int stop_fd);
-struct BufferQuery {
-  uint64_t id = 0;
-  Token token{};
-  uint64_t region_size = 0;
-};
 // Waits (without a deadline) for the next query; kUnavailable when the
 // reader closed the connection.
-Result<BufferQuery> read_query(int fd, int stop_fd);
-Status send_answer(int fd, uint64_t id, StatusCode code, int stop_fd);
+Result<HandleClaim> read_query(int fd, int stop_fd);
+Status send_answer(int fd, const BufferAnswer& answer, int stop_fd);
 
 // A tagged write's notice (rdmabuf/backend.h, WriteNotice): the one SEND a
 // writer posts behind the write's WRITEs on the same queue pair, into one of

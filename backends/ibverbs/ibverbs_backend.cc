@@ -10,6 +10,7 @@
 #include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/handshake.h"
 #include "backends/ibverbs/message_channel.h"
+#include "backends/ibverbs/remote_access.h"
 #include "backends/ibverbs/responder.h"
 #include "common/hello.h"
 #include "common/log.h"
@@ -35,7 +36,8 @@ class IbverbsBackend final : public Backend {
       : env_(env),
         device_(std::move(device)),
         registrations_(*device_),
-        stop_fd_(std::move(stop_fd)) {}
+        stop_fd_(std::move(stop_fd)),
+        access_(*device_) {}
   ~IbverbsBackend() override { shutdown(); }
 
   std::string_view name() const override { return "ibverbs"; }
@@ -48,6 +50,11 @@ class IbverbsBackend final : public Backend {
       info.details.emplace_back("device", line);
     }
     info.details.emplace_back("max message", format_bytes(env_.config.ib_max_message));
+    info.details.emplace_back("access control",
+                              access_.windows()
+                                  ? "memory windows, each bound to one reader's queue pair"
+                                  : "registration keys, granted per handle (the device has no "
+                                    "type-2 memory windows)");
     info.details.emplace_back("owner-side queue pairs", std::to_string(responders_.live.load()));
     info.details.emplace_back("handshakes served", std::to_string(responders_.handshakes.load()));
     info.details.emplace_back("notices taken", std::to_string(responders_.notices.load()));
@@ -63,26 +70,14 @@ class IbverbsBackend final : public Backend {
 
   Result<BackendContext> register_memory(uint64_t id, const LocalMemory& memory,
                                          const Token&) override {
-    // A registration (and so a key) of its own, even when another buffer
-    // covers the same range: releasing this buffer must revoke exactly its
-    // key, or a stale handle would go on reading through its twin's.
-    RDMABUF_ASSIGN_OR_RETURN(
-        auto region,
-        register_range(*device_, memory.data(), memory.size(),
-                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE));
-    HandleContext c{device_->name(), reinterpret_cast<uintptr_t>(memory.data()), region->rkey()};
-    std::lock_guard lock(owned_mu_);
-    owned_[id] = std::move(region);
+    RDMABUF_RETURN_IF_ERROR(access_.add(id, memory));
+    HandleContext c{device_->name(), reinterpret_cast<uintptr_t>(memory.data())};
     return BackendContext{"ibverbs", encode_context(c)};
   }
 
-  void unregister_memory(uint64_t id) override {
-    std::lock_guard lock(owned_mu_);
-    auto it = owned_.find(id);
-    if (it == owned_.end()) return;
-    // Deregistering makes the NIC refuse every later access with the key.
-    owned_.erase(it);
-  }
+  // Every key granted for the buffer stops working on return: the NIC
+  // refuses later accesses.
+  void unregister_memory(uint64_t id) override { access_.remove(id); }
 
   // --- reader side --------------------------------------------------------
 
@@ -125,7 +120,6 @@ class IbverbsBackend final : public Backend {
         chunk.kind = op.kind;
         chunk.local = op.local.data() + p * max;
         chunk.remote_addr = c->addr + op.remote.offset() + p * max;
-        chunk.rkey = c->rkey;
         chunk.length = static_cast<uint32_t>(std::min(max, bytes - p * max));
         batch.push_back(std::move(chunk));
       }
@@ -154,6 +148,7 @@ class IbverbsBackend final : public Backend {
     ResponderContext context;
     context.device = device_.get();
     context.resolver = env_.resolver;
+    context.access = &access_;
     context.notices = env_.notices;
     context.reader_id = reader_id;
     context.stopping = &stopping_;
@@ -217,8 +212,9 @@ class IbverbsBackend final : public Backend {
   // Owner side: what the queue pairs held for readers count.
   ResponderCounts responders_;
 
-  std::mutex owned_mu_;
-  std::map<uint64_t, std::shared_ptr<MemoryRegion>> owned_;  // by buffer id
+  // Owner side: the buffers' registrations and the access granted to them.
+  // Declared after device_: destroyed before it.
+  RemoteAccess access_;
 
   mutable std::mutex connections_mu_;
   std::map<ConnectionKey, std::shared_ptr<Connection>> connections_;

@@ -48,6 +48,7 @@ class Responder {
     counts.handshakes++;
     counts.live++;
     serve();
+    context_.access->revoke_all(grants_);
     counts.live--;
     // The pair goes here: the reader's next work request on it fails.
   }
@@ -62,8 +63,11 @@ class Responder {
       RDMABUF_LOG_DEBUG("ibverbs: dropping a handshake: " + request.status().message());
       return false;
     }
-    Status refused;
-    if (request->device != context_.device->name()) {
+    Status refused = check_claim(request->claim);
+    if (!refused.ok()) {
+      RDMABUF_LOG_DEBUG("ibverbs: refused a queue pair to manager " + hex_id(context_.reader_id) +
+                        ": " + refused.message());
+    } else if (request->device != context_.device->name()) {
       refused = FailedPrecondition("this owner has no RDMA device '" + request->device +
                                    "' (it uses " + context_.device->name() + ")");
     } else {
@@ -143,19 +147,35 @@ class Responder {
                       " failed (" + why + "); it takes no more notices");
   }
 
-  // One question about a buffer (the descriptor is readable): false when
-  // the reader closed the connection.
+  // Whether the owner has the buffer a handle claims: its id, token and
+  // size (OK, or why not).
+  Status check_claim(const HandleClaim& claim) {
+    auto pinned = context_.resolver->pin(claim.id, claim.token, nullptr);
+    if (!pinned.ok()) return pinned.status();
+    if (pinned->size() != claim.region_size) {
+      return InvalidArgument("the handle's buffer size does not match the owner's");
+    }
+    return Status::Ok();
+  }
+
+  // One request for access to a buffer (the descriptor is readable): false
+  // when the reader closed the connection. Granted to a genuine handle on a
+  // pair that works: the key that opens the buffer to this pair.
   bool answer_query() {
     auto query = read_query(fd_.get(), context_.stop_fd);
     if (!query.ok()) return false;  // the reader is done with the pair (or we stop)
-    StatusCode answer = StatusCode::kOk;
-    auto pinned = context_.resolver->pin(query->id, query->token, nullptr);
-    if (!pinned.ok()) {
-      answer = pinned.status().code();
-    } else if (pinned->size() != query->region_size) {
-      answer = StatusCode::kInvalidArgument;
+    BufferAnswer answer{query->id, StatusCode::kOk, 0};
+    Status checked = check_claim(*query);
+    if (checked.ok()) {
+      auto key = context_.access->grant(query->id, *qp_, grants_);
+      if (key.ok()) {
+        answer.rkey = *key;
+      } else {
+        checked = key.status();
+      }
     }
-    return send_answer(fd_.get(), query->id, answer, context_.stop_fd).ok();
+    answer.code = checked.code();
+    return send_answer(fd_.get(), answer, context_.stop_fd).ok();
   }
 
   // Takes the completion events that came and arms for the next: completions
@@ -240,6 +260,8 @@ class Responder {
   std::unique_ptr<uint8_t[]> slots_;
   std::shared_ptr<MemoryRegion> slots_mr_;
   std::unique_ptr<QueuePair> qp_;
+  // The access this pair was granted: revoked before the pair goes.
+  Grants grants_;
   // Notices taken from their receives and not yet by the sink, oldest
   // first, with their receive slots.
   std::deque<std::pair<uint32_t, NoticeRecord>> held_;

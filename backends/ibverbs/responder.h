@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backends/ibverbs/device.h"
+#include "backends/ibverbs/remote_access.h"
 #include "common/socket.h"
 #include "rdmabuf/backend.h"
 
@@ -22,6 +23,8 @@ struct ResponderCounts {
 struct ResponderContext {
   const Device* device = nullptr;
   BufferResolver* resolver = nullptr;
+  // Opens buffers to the pair, for readers that present their handles.
+  RemoteAccess* access = nullptr;
   // Takes the notices readers send (null: each is refused).
   NoticeSink* notices = nullptr;
   // The manager id the reader's hello claimed.
@@ -33,10 +36,12 @@ struct ResponderContext {
 };
 
 // Serves one reader over `fd` (its ibverbs handshake connection, after the
-// hello): creates the owner's side of the reader's queue pair and keeps it
-// while the reader keeps the connection open; meanwhile answers the
-// reader's questions about buffers (handshake.h) and takes the notices of
-// its tagged writes (handshake.h, "notice").
+// hello): creates the owner's side of the reader's queue pair, if the
+// reader presents a handle of this owner's (its id, token and size), and
+// keeps it while the reader keeps the connection open; meanwhile answers
+// the reader's requests for access to buffers, each with a key that works
+// on this pair alone (remote_access.h), and takes the notices of its tagged
+// writes (handshake.h, "notice"). The access it granted ends with the pair.
 //
 // Notices come as SENDs into kNoticeReceives receives kept posted on this
 // side of the pair. Each goes to the sink as it completes; one the sink has

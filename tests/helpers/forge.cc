@@ -102,21 +102,19 @@ std::optional<IbverbsContext> ibverbs_context(const RemoteBuffer& handle) {
   const BackendContext* ctx = handle.context("ibverbs");
   if (!ctx) return std::nullopt;
   const std::vector<uint8_t>& d = ctx->data;
-  if (d.size() < 17 || d.size() != 17u + d[16]) return std::nullopt;
+  if (d.size() < 13 || d.size() != 13u + d[12]) return std::nullopt;
   IbverbsContext c;
   c.version = d[0];
-  c.rkey = peek<uint32_t>(d, 4);
-  c.addr = peek<uint64_t>(d, 8);
-  c.device.assign(reinterpret_cast<const char*>(d.data() + 17), d[16]);
+  c.addr = peek<uint64_t>(d, 4);
+  c.device.assign(reinterpret_cast<const char*>(d.data() + 13), d[12]);
   return c;
 }
 
 std::vector<uint8_t> encode_ibverbs_context(const IbverbsContext& context) {
-  std::vector<uint8_t> out(17, 0);
+  std::vector<uint8_t> out(13, 0);
   out[0] = context.version;
-  poke(out, 4, context.rkey);
-  poke(out, 8, context.addr);
-  out[16] = static_cast<uint8_t>(context.device.size());
+  poke(out, 4, context.addr);
+  out[12] = static_cast<uint8_t>(context.device.size());
   for (char ch : context.device)
     out.push_back(static_cast<uint8_t>(ch));
   return out;

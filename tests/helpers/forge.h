@@ -70,11 +70,10 @@ Result<RemoteBuffer> with_context_data(const RemoteBuffer& handle, std::string_v
                                        const std::vector<uint8_t>& data);
 
 // The ibverbs backend's context in a handle (backends/ibverbs/
-// ibverbs_backend.cc): u8 version (1), u8 0, u16 0, u32 rkey, u64 address of
-// the registered range in the owner, u8 length + device name.
+// handle_context.h): u8 version (2), u8 0, u16 0, u64 address of the
+// registered range in the owner, u8 length + device name.
 struct IbverbsContext {
-  uint8_t version = 1;
-  uint32_t rkey = 0;
+  uint8_t version = 2;
   uint64_t addr = 0;
   std::string device;
 };

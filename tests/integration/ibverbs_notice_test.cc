@@ -21,6 +21,7 @@
 #include "common/socket.h"
 #include "tests/helpers/backend_detail.h"
 #include "tests/helpers/raw_endpoint.h"
+#include "tests/helpers/raw_verbs_peer.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
@@ -37,68 +38,18 @@ Result<std::unique_ptr<Device>> open_device() {
   return Device::open(*lib, defaults.ib_device, defaults.ib_gid_index);
 }
 
-// A queue pair to `owner` set up through its ibverbs handshake as a reader
-// whose hello claims to be manager `caller`; it sends SENDs of any bytes.
-class RawNoticePeer {
- public:
-  static std::unique_ptr<RawNoticePeer> connect(const Device& device, const Manager& owner,
-                                                uint64_t caller) {
-    std::unique_ptr<RawNoticePeer> peer(new RawNoticePeer);
-    const Deadline deadline = Clock::now() + kTimeout;
-    auto qp = QueuePair::create(device, 8);
-    auto where = parse_host_port(owner.address());
-    if (!qp.ok() || !where.ok()) return nullptr;
-    auto fd = connect_tcp(*where, deadline);
-    if (!fd.ok()) return nullptr;
-    Hello hello{Channel::kIbverbs, caller, owner.identity().manager_id};
-    if (!exchange_hello(fd->get(), hello, deadline).ok()) return nullptr;
-    if (!ibverbs::send_connect(fd->get(), device.name(), (*qp)->local(), deadline, -1).ok()) {
-      return nullptr;
-    }
-    auto theirs = ibverbs::read_accepted(fd->get(), deadline, -1);
-    if (!theirs.ok() || !(*qp)->connect(*theirs).ok()) return nullptr;
-    auto region = ibverbs::register_range(device, peer->bytes_.data(), peer->bytes_.size(),
-                                          IBV_ACCESS_LOCAL_WRITE);
-    if (!region.ok()) return nullptr;
-    peer->control_ = std::move(fd).value();
-    peer->region_ = std::move(region).value();
-    peer->qp_ = std::move(qp).value();
-    return peer;
-  }
+// A raw peer presenting `target`'s handle, whose hello claims to be manager
+// `caller`; it sends SENDs of any bytes.
+std::unique_ptr<RawVerbsPeer> notice_peer(const Device& device, const Manager& owner,
+                                          uint64_t caller, const RemoteBuffer& target) {
+  auto peer = RawVerbsPeer::connect(device, owner, caller, ibverbs::HandleClaim::of(target));
+  EXPECT_TRUE(peer.ok()) << peer.status().to_string();
+  return peer.ok() ? std::move(peer).value() : nullptr;
+}
 
-  // Sends `bytes` (at most 256) as one SEND and waits for its completion:
-  // its status, IBV_WC_SUCCESS once the owner's NIC took it.
-  ibv_wc_status send(std::span<const uint8_t> bytes) {
-    std::copy(bytes.begin(), bytes.end(), bytes_.begin());
-    ibv_sge sge{reinterpret_cast<uintptr_t>(bytes_.data()), static_cast<uint32_t>(bytes.size()),
-                region_->lkey()};
-    ibv_send_wr wr{};
-    wr.wr_id = 1;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    ibv_send_wr* bad = nullptr;
-    if (ibv_post_send(qp_->qp(), &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
-    const auto until = Clock::now() + kTimeout;
-    ibv_wc wc{};
-    while (Clock::now() < until) {
-      const int n = ibv_poll_cq(qp_->cq(), 1, &wc);
-      if (n < 0) return IBV_WC_GENERAL_ERR;
-      if (n == 1) return wc.status;
-      std::this_thread::sleep_for(100us);
-    }
-    return IBV_WC_RESP_TIMEOUT_ERR;  // (no completion in time)
-  }
-  ibv_wc_status send(const NoticeRecord& notice) { return send(ibverbs::encode_notice(notice)); }
-
- private:
-  RawNoticePeer() = default;
-  std::array<uint8_t, 256> bytes_{};
-  Fd control_;  // the owner keeps its side of the pair while this is open
-  std::shared_ptr<ibverbs::MemoryRegion> region_;
-  std::unique_ptr<QueuePair> qp_;
-};
+ibv_wc_status send_notice(RawVerbsPeer& peer, const NoticeRecord& notice) {
+  return peer.send(ibverbs::encode_notice(notice));
+}
 
 std::string ib_detail(const Manager& m, const std::string& key) {
   return backend_detail(m, "ibverbs", key);
@@ -152,9 +103,9 @@ TEST_F(IbverbsNoticeTest, OnlyANoticeWithTheEndpointsKeyAndTheBuffersTokenIsBeli
   good.length = 2048;
   good.token = target->token();
 
-  auto peer = RawNoticePeer::connect(*device_, *owner_, kWriter);
+  auto peer = notice_peer(*device_, *owner_, kWriter, *target);
   ASSERT_NE(peer, nullptr);
-  auto impostor = RawNoticePeer::connect(*device_, *owner_, kWriter + 1);
+  auto impostor = notice_peer(*device_, *owner_, kWriter + 1, *target);
   ASSERT_NE(impostor, nullptr);
 
   // Each refused; the pair takes each SEND (its NIC completes them all).
@@ -167,12 +118,14 @@ TEST_F(IbverbsNoticeTest, OnlyANoticeWithTheEndpointsKeyAndTheBuffersTokenIsBeli
   sent.emplace_back("zeros", peer->send(std::array<uint8_t, ibverbs::kNoticeBytes>{}));
   const auto whole = ibverbs::encode_notice(good);
   sent.emplace_back("short", peer->send(std::span(whole).first(20)));
-  sent.emplace_back("token", peer->send(altered([](NoticeRecord& n) { n.token[3] ^= 1; })));
-  sent.emplace_back("range", peer->send(altered([](NoticeRecord& n) { n.offset = 3000; })));
-  sent.emplace_back("empty", peer->send(altered([](NoticeRecord& n) { n.length = 0; })));
-  sent.emplace_back("buffer", peer->send(altered([](NoticeRecord& n) { n.buffer_id += 1000; })));
-  sent.emplace_back("key", peer->send(altered([](NoticeRecord& n) { n.endpoint_key ^= 4; })));
-  sent.emplace_back("writer", impostor->send(good));
+  sent.emplace_back("token", send_notice(*peer, altered([](NoticeRecord& n) { n.token[3] ^= 1; })));
+  sent.emplace_back("range", send_notice(*peer, altered([](NoticeRecord& n) { n.offset = 3000; })));
+  sent.emplace_back("empty", send_notice(*peer, altered([](NoticeRecord& n) { n.length = 0; })));
+  sent.emplace_back("buffer",
+                    send_notice(*peer, altered([](NoticeRecord& n) { n.buffer_id += 1000; })));
+  sent.emplace_back("key",
+                    send_notice(*peer, altered([](NoticeRecord& n) { n.endpoint_key ^= 4; })));
+  sent.emplace_back("writer", send_notice(*impostor, good));
   for (const auto& [what, status] : sent)
     EXPECT_EQ(status, IBV_WC_SUCCESS) << what;
   EXPECT_EQ(owner_->next_notification(200ms).status().code(), StatusCode::kDeadlineExceeded);
@@ -180,7 +133,7 @@ TEST_F(IbverbsNoticeTest, OnlyANoticeWithTheEndpointsKeyAndTheBuffersTokenIsBeli
             std::to_string(sent.size()));
 
   // The genuine one is believed, after all of that, on the same pair.
-  ASSERT_EQ(peer->send(good), IBV_WC_SUCCESS);
+  ASSERT_EQ(send_notice(*peer, good), IBV_WC_SUCCESS);
   auto n = owner_->next_notification(kTimeout);
   ASSERT_TRUE(n.ok()) << n.status().to_string();
   EXPECT_EQ(n->tag, 77u);
@@ -198,10 +151,10 @@ TEST_F(IbverbsNoticeTest, OnlyANoticeWithTheEndpointsKeyAndTheBuffersTokenIsBeli
   peer.reset();
   EXPECT_EQ(eventually_detail(*owner_, "owner-side queue pairs", "1"), "1")
       << "the impostor's alone";
-  auto again = RawNoticePeer::connect(*device_, *owner_, kWriter);
+  auto again = notice_peer(*device_, *owner_, kWriter, *target);
   ASSERT_NE(again, nullptr);
   good.tag = 78;
-  ASSERT_EQ(again->send(good), IBV_WC_SUCCESS);
+  ASSERT_EQ(send_notice(*again, good), IBV_WC_SUCCESS);
   n = owner_->next_notification(kTimeout);
   ASSERT_TRUE(n.ok()) << n.status().to_string();
   EXPECT_EQ(n->tag, 78u);
@@ -209,7 +162,7 @@ TEST_F(IbverbsNoticeTest, OnlyANoticeWithTheEndpointsKeyAndTheBuffersTokenIsBeli
   // Once the endpoint is closed, its key names nothing.
   (*endpoint)->close();
   good.tag = 79;
-  ASSERT_EQ(again->send(good), IBV_WC_SUCCESS);
+  ASSERT_EQ(send_notice(*again, good), IBV_WC_SUCCESS);
   EXPECT_EQ(owner_->next_notification(200ms).status().code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(eventually_detail(*owner_, "notices refused", std::to_string(sent.size() + 1)),
             std::to_string(sent.size() + 1));

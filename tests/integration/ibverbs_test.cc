@@ -306,14 +306,15 @@ TEST_F(IbverbsTest, OneOpOfManyWorkRequests) {
 
 // --- failures inside a batch ------------------------------------------------
 
-// A copy of `h` whose ibverbs key is wrong (everything else genuine, so the
-// owner's validation accepts it and only the NIC can refuse it).
-RemoteBuffer with_bad_rkey(const RemoteBuffer& h) {
+// A copy of `h` whose ibverbs address lies past the buffer (everything else
+// genuine, so the owner grants it a key and only the NIC can refuse it: the
+// key opens the buffer's range alone).
+RemoteBuffer with_bad_address(const RemoteBuffer& h) {
   auto ctx = ibverbs_context(h);
   EXPECT_TRUE(ctx.has_value()) << "the handle has no ibverbs context";
   if (!ctx) return RemoteBuffer();
   IbverbsContext bad = *ctx;
-  bad.rkey ^= 0x5a;  // the key byte: same index, another key
+  bad.addr += h.region_size() + (1 << 20);
   auto forged = with_ibverbs_context(h, bad);
   EXPECT_TRUE(forged.ok()) << forged.status().to_string();
   return forged.ok() ? *forged : RemoteBuffer();
@@ -324,13 +325,13 @@ RemoteBuffer with_bad_rkey(const RemoteBuffer& h) {
 // untouched; the good ops, whose requests the failure flushed from the
 // queue pair, are posted again and succeed with the right bytes. Each op is
 // one work request here.
-TEST_F(IbverbsFailureTest, BadKeyFailsAloneInABatch) {
+TEST_F(IbverbsFailureTest, BadAddressFailsAloneInABatch) {
   constexpr uint64_t kSize = 256 << 10;
   auto peer = start_peer({{kSize, 41}, {kSize, 42}, {kSize, 43}}, kIbOnly);
   ASSERT_NE(peer, nullptr);
   auto reader = ib_manager();
   ASSERT_NE(reader, nullptr);
-  const RemoteBuffer bad = with_bad_rkey(peer->handle(1));
+  const RemoteBuffer bad = with_bad_address(peer->handle(1));
   ASSERT_TRUE(bad.valid());
   {
     // A warm pair on which every handle is validated: the bad op reaches the NIC.
@@ -407,13 +408,13 @@ TEST_F(IbverbsFailureTest, BadKeyFailsAloneInABatch) {
 // bad op's first request fails and takes the whole op with it (its other
 // requests are not posted again, to fail and flush the next queue pair);
 // the good ops, flushed, are posted again and succeed.
-TEST_F(IbverbsFailureTest, BadKeyOpOfManyWorkRequestsFailsAloneInABatch) {
+TEST_F(IbverbsFailureTest, BadAddressOpOfManyWorkRequestsFailsAloneInABatch) {
   constexpr uint64_t kSize = 256 << 10;
   auto peer = start_peer({{kSize, 44}, {kSize, 45}, {kSize, 46}}, kIbOnly);
   ASSERT_NE(peer, nullptr);
   auto reader = ib_manager([](Config& c) { c.ib_max_message = 16 << 10; });  // 16 per op
   ASSERT_NE(reader, nullptr);
-  const RemoteBuffer bad = with_bad_rkey(peer->handle(1));
+  const RemoteBuffer bad = with_bad_address(peer->handle(1));
   ASSERT_TRUE(bad.valid());
   {
     LocalMemory warm = allocate(kSize);
@@ -828,8 +829,8 @@ TEST_F(IbverbsFailureTest, ReleasedBufferSharingItsMemoryWithALiveOneIsNotFound)
 }
 
 // Handles forged where the NIC cannot tell: a token or a buffer size the
-// owner never minted (the rkey and address are genuine). The owner refuses
-// them when the reader validates them: PermissionDenied for the token,
+// owner never minted (the address is genuine). The owner refuses them when
+// the reader asks for access: PermissionDenied for the token,
 // InvalidArgument for a size, NotFound for an id; not a byte moves, in
 // either direction. The genuine handle keeps working on the same pair,
 // before and after. A forged address in the ibverbs context, outside the

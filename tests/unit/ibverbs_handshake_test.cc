@@ -64,9 +64,18 @@ Endpoint an_endpoint() {
   return e;
 }
 
+HandleClaim a_claim() {
+  HandleClaim c;
+  c.id = 5;
+  c.token.fill(7);
+  c.region_size = 4096;
+  return c;
+}
+
 std::vector<uint8_t> connect_frame() {
-  return frame(
-      [](int fd) { return send_connect(fd, "rxe0", an_endpoint(), Clock::now() + 5s, -1); });
+  return frame([](int fd) {
+    return send_connect(fd, "rxe0", an_endpoint(), a_claim(), Clock::now() + 5s, -1);
+  });
 }
 
 StatusCode connect_verdict(const std::vector<uint8_t>& bytes) {
@@ -76,7 +85,7 @@ StatusCode connect_verdict(const std::vector<uint8_t>& bytes) {
 
 TEST(IbverbsHandshakeTest, ConnectRoundTrips) {
   std::vector<uint8_t> bytes = connect_frame();
-  ASSERT_EQ(bytes.size(), 8u + kDeviceNameBytes + 32u);
+  ASSERT_EQ(bytes.size(), 8u + kDeviceNameBytes + 32u + 32u);
   Pair p = holding(bytes);
   auto request = read_connect(p.a.get(), Clock::now() + 5s, -1);
   ASSERT_TRUE(request.ok()) << request.status().to_string();
@@ -84,6 +93,7 @@ TEST(IbverbsHandshakeTest, ConnectRoundTrips) {
   EXPECT_EQ(request->endpoint.qpn, 0x11u);
   EXPECT_EQ(request->endpoint.psn, 0x123456u);
   EXPECT_EQ(request->endpoint.mtu, IBV_MTU_1024);
+  EXPECT_EQ(request->claim, a_claim()) << "the handle the reader presents";
 }
 
 // Each of these was accepted until fuzz_ibverbs_frames checked that a frame
@@ -104,17 +114,13 @@ TEST(IbverbsHandshakeTest, ConnectRefusesNonZeroPaddingAndReservedBytes) {
 }
 
 TEST(IbverbsHandshakeTest, QueryRefusesReservedBytes) {
-  Token token;
-  token.fill(7);
   std::vector<uint8_t> good =
-      frame([&](int fd) { return send_query(fd, 5, token, 4096, Clock::now() + 5s, -1); });
+      frame([&](int fd) { return send_query(fd, a_claim(), Clock::now() + 5s, -1); });
   {
     Pair p = holding(good);
     auto q = read_query(p.a.get(), -1);
     ASSERT_TRUE(q.ok()) << q.status().to_string();
-    EXPECT_EQ(q->id, 5u);
-    EXPECT_EQ(q->token, token);
-    EXPECT_EQ(q->region_size, 4096u);
+    EXPECT_EQ(*q, a_claim());
   }
   std::vector<uint8_t> bad = good;
   bad[3] = 1;
@@ -138,19 +144,40 @@ TEST(IbverbsHandshakeTest, AcceptedRefusesReservedBytes) {
             StatusCode::kProtocolError);
 }
 
-TEST(IbverbsHandshakeTest, AnswerRefusesReservedBytes) {
-  std::vector<uint8_t> good =
-      frame([](int fd) { return send_answer(fd, 9, StatusCode::kNotFound, -1); });
-  ASSERT_EQ(good.size(), kAnswerBytes);
-  auto a = parse_answer(std::span<const uint8_t, kAnswerBytes>(good.data(), kAnswerBytes));
+StatusCode answer_verdict(const std::vector<uint8_t>& bytes) {
+  return parse_answer(std::span<const uint8_t, kAnswerBytes>(bytes.data(), kAnswerBytes))
+      .status()
+      .code();
+}
+
+TEST(IbverbsHandshakeTest, AnswerCarriesTheKeyAndRefusesReservedBytes) {
+  std::vector<uint8_t> granted = frame([](int fd) {
+    return send_answer(fd, {9, StatusCode::kOk, 0xabcdef12}, -1);
+  });
+  ASSERT_EQ(granted.size(), kAnswerBytes);
+  auto a = parse_answer(std::span<const uint8_t, kAnswerBytes>(granted.data(), kAnswerBytes));
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_EQ(a->id, 9u);
+  EXPECT_EQ(a->code, StatusCode::kOk);
+  EXPECT_EQ(a->rkey, 0xabcdef12u);
+
+  // A refusal carries no key (the sender writes none whatever it was given).
+  std::vector<uint8_t> refused = frame([](int fd) {
+    return send_answer(fd, {9, StatusCode::kNotFound, 0xabcdef12}, -1);
+  });
+  a = parse_answer(std::span<const uint8_t, kAnswerBytes>(refused.data(), kAnswerBytes));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_EQ(a->code, StatusCode::kNotFound);
-  good[7] = 1;
-  EXPECT_EQ(parse_answer(std::span<const uint8_t, kAnswerBytes>(good.data(), kAnswerBytes))
-                .status()
-                .code(),
-            StatusCode::kProtocolError);
+  EXPECT_EQ(a->rkey, 0u);
+  std::vector<uint8_t> keyed_refusal = refused;
+  keyed_refusal[16] = 1;
+  EXPECT_EQ(answer_verdict(keyed_refusal), StatusCode::kProtocolError);
+
+  for (size_t at : {7, 20, 23}) {
+    std::vector<uint8_t> bad = granted;
+    bad[at] = 1;
+    EXPECT_EQ(answer_verdict(bad), StatusCode::kProtocolError) << "byte " << at;
+  }
 }
 
 // A channel SEND's immediate (the low 32 bits of a posted-receives count)
