@@ -63,20 +63,25 @@ Result<ino_t> tcp_socket_inode(const sockaddr_storage& local, const sockaddr_sto
                sizeof kernel) != static_cast<ssize_t>(sizeof ask)) {
     return FailedPrecondition("sock_diag: " + errno_text(errno));
   }
+  // An exact request gets one message: the socket, or an error.
   alignas(nlmsghdr) char reply[8192];
   const ssize_t n = ::recv(diag.get(), reply, sizeof reply, 0);
   if (n < 0) return FailedPrecondition("sock_diag: " + errno_text(errno));
-  auto* h = reinterpret_cast<nlmsghdr*>(reply);
-  for (auto left = static_cast<unsigned>(n); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
-    if (h->nlmsg_type == NLMSG_ERROR) {
-      const auto* e = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
-      return PermissionDenied("no such connection is known to the kernel (" +
-                              errno_text(-e->error) + ")");
-    }
-    if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
-        h->nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
-      return static_cast<ino_t>(static_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_inode);
-    }
+  nlmsghdr header{};
+  if (static_cast<size_t>(n) < sizeof header) return FailedPrecondition("sock_diag: short answer");
+  std::memcpy(&header, reply, sizeof header);
+  const size_t body = NLMSG_HDRLEN;
+  if (header.nlmsg_type == NLMSG_ERROR && static_cast<size_t>(n) >= body + sizeof(nlmsgerr)) {
+    nlmsgerr error{};
+    std::memcpy(&error, reply + body, sizeof error);
+    return PermissionDenied("no such connection is known to the kernel (" +
+                            errno_text(-error.error) + ")");
+  }
+  if (header.nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+      static_cast<size_t>(n) >= body + sizeof(inet_diag_msg)) {
+    inet_diag_msg found{};
+    std::memcpy(&found, reply + body, sizeof found);
+    return static_cast<ino_t>(found.idiag_inode);
   }
   return FailedPrecondition("sock_diag gave no answer");
 }

@@ -7,7 +7,7 @@
 // Checks, beyond no crash and no sanitizer report, that a context that
 // decodes keeps to docs/wire-format.md: memory, exactly 48 bytes of version
 // 1, a slot below the 16384 of the shared state and a non-zero pid;
-// ibverbs, a device name of 1 .. 63 bytes without a NUL (so it fits the
+// ibverbs, version 2 and a device name of 1 .. 63 bytes without a NUL (so it fits the
 // connect message's 64-byte field unchanged); and that it re-encodes to
 // exactly the bytes it came from (reserved bytes zero, nothing left over).
 #include <algorithm>
@@ -37,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   auto ibverbs = ibverbs::decode_context(in);
   if (ibverbs.ok()) {
-    RDMABUF_FUZZ_CHECK(in[0] == 1);
+    RDMABUF_FUZZ_CHECK(in[0] == 2);
     RDMABUF_FUZZ_CHECK(!ibverbs->device.empty() && ibverbs->device.size() <= 63);
     RDMABUF_FUZZ_CHECK(ibverbs->device.find('\0') == std::string::npos);
     RDMABUF_FUZZ_CHECK(same(ibverbs::encode_context(*ibverbs)));
