@@ -62,9 +62,14 @@ class Manager {
   Result<RemoteBuffer> register_buffer(LocalMemory memory);
 
   // Unregisters the buffer behind `handle` (any slice of it). Returns once no
-  // access by any peer is in flight; from then on every access through any
-  // handle to it fails with kNotFound, and the memory may be freed. An access
-  // that has not finished after a grace period (a stalled peer) is aborted.
+  // access by any peer is in flight and every backend has stopped serving
+  // it; from then on every access through any handle to it fails with
+  // kNotFound, and the memory may be freed (the manager drops its copy of
+  // the keepalive last, after every backend). An access that has not
+  // finished after a grace period of 1 s is aborted: a stalled tcp peer's
+  // connection is shut down, and a same-host reader stopped inside its copy
+  // (SIGSTOP, a debugger) has the copy cancelled, failing its op with
+  // kNotFound (docs/security.md, "Release").
   // kNotFound when unknown or already released; kInvalidArgument when the
   // handle was minted by another manager.
   Status release(const RemoteBuffer& handle);
