@@ -1,7 +1,7 @@
 // membarrier(2), which glibc does not wrap: it makes running threads pass a
 // full memory fence, so that the rare side of a store-then-load handshake
 // can pay for the frequent side's fence (the shared rings' doorbells,
-// core/shm_channel.h; FutexMutex's unlock, common/futex_mutex.h).
+// core/endpoint/shm_channel.h; FutexMutex's unlock, common/futex_mutex.h).
 #pragma once
 
 #include <linux/membarrier.h>

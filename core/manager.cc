@@ -17,6 +17,9 @@
 #include "common/wire.h"
 #include "core/backend_table.h"
 #include "core/deadline_watcher.h"
+#include "core/endpoint/endpoint_host.h"
+#include "core/endpoint/endpoint_impl.h"
+#include "core/endpoint/listener.h"
 #include "core/listener.h"
 #include "core/notifications.h"
 #include "core/registry.h"
@@ -34,26 +37,31 @@ bool is_wildcard(const std::string& host) {
 
 }  // namespace
 
-class ManagerImpl final : public OpRouter, public NoticeSink {
+class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::EndpointHost {
  public:
   static Result<std::unique_ptr<ManagerImpl>> create(const Config& config);
-  ~ManagerImpl() { shutdown(); }
+  ~ManagerImpl() override { shutdown(); }
 
-  const Config& config() const { return config_; }
-  const PeerIdentity& identity() const { return identity_; }
-  std::vector<BackendInfo> backends() const;
-  Result<std::unique_ptr<MessageChannel>> open_message_channel();
-  Result<RemoteBuffer> register_buffer(LocalMemory memory);
-  Status release(const RemoteBuffer& handle);
+  const Config& config() const override { return config_; }
+  const PeerIdentity& identity() const override { return identity_; }
+  std::vector<BackendInfo> backends() const override;
+  Result<std::unique_ptr<MessageChannel>> open_message_channel() override;
+  Result<RemoteBuffer> register_buffer(LocalMemory memory) override;
+  Status release(const RemoteBuffer& handle) override;
   // Buffer `id` out of the registry and every backend, then its memory
   // dropped (release() and shutdown()). kNotFound when not registered.
   Status release_everywhere(uint64_t id);
   // A buffer counts until its release has returned (every backend let go).
   size_t registered_count() const { return registry_.size() + releasing_.load(); }
   Transfer submit(std::vector<Op> ops, std::chrono::milliseconds timeout,
-                  std::function<void()> on_done) {
+                  std::function<void()> on_done) override {
     return Transfer(start(std::move(ops), timeout, std::move(on_done), nullptr));
   }
+  Status write_noticed(const RemoteBuffer& dst, const LocalMemory& src, const WriteNotice& notice,
+                       std::chrono::milliseconds timeout, bool& notice_sent) override;
+  NotificationQueue& notifications() override { return notifications_; }
+  NoticeRoutes& notice_routes() override { return notice_routes_; }
+  LendBudget& lend_budget() override { return lend_budget_; }
   // Starts `ops` as submit() does; each write carries `notice` (when not
   // null) to the backend that runs it.
   std::shared_ptr<TransferState> start(std::vector<Op> ops, std::chrono::milliseconds timeout,
@@ -558,10 +566,6 @@ std::vector<BackendInfo> Manager::backends() const {
   return impl_->backends();
 }
 
-Result<std::unique_ptr<MessageChannel>> Manager::open_message_channel() {
-  return impl_->open_message_channel();
-}
-
 Result<RemoteBuffer> Manager::register_buffer(LocalMemory memory) {
   return impl_->register_buffer(std::move(memory));
 }
@@ -608,27 +612,26 @@ void Manager::set_notification_handler(std::function<void(const Notification&)> 
   impl_->notifications_.set_handler(std::move(handler));
 }
 
-NotificationQueue& Manager::notifications() {
-  return impl_->notifications_;
-}
-
-NoticeRoutes& Manager::notice_routes() {
-  return impl_->notice_routes_;
-}
-
-Status Manager::write_noticed(const RemoteBuffer& dst, const LocalMemory& src,
-                              const WriteNotice& notice, std::chrono::milliseconds timeout,
-                              bool& notice_sent) {
+Status ManagerImpl::write_noticed(const RemoteBuffer& dst, const LocalMemory& src,
+                                  const WriteNotice& notice, std::chrono::milliseconds timeout,
+                                  bool& notice_sent) {
   std::vector<Op> ops;
   ops.push_back(Op::write(dst, src));
-  auto state = impl_->start(std::move(ops), timeout, nullptr, &notice);
+  auto state = start(std::move(ops), timeout, nullptr, &notice);
   Status done = Transfer(state).wait();
   notice_sent = state->notice_sent(0);
   return done;
 }
 
-LendBudget& Manager::lend_budget() {
-  return impl_->lend_budget_;
+Result<std::unique_ptr<EndpointListener>> Manager::listen(const std::string& address) {
+  RDMABUF_ASSIGN_OR_RETURN(auto state, endpoint::listen_for_endpoints(*impl_, address));
+  return std::unique_ptr<EndpointListener>(new EndpointListener(std::move(state)));
+}
+
+Result<std::unique_ptr<Endpoint>> Manager::connect(const std::string& address,
+                                                   std::chrono::milliseconds timeout) {
+  RDMABUF_ASSIGN_OR_RETURN(auto impl, endpoint::connect_endpoint(*impl_, address, timeout));
+  return std::unique_ptr<Endpoint>(new Endpoint(std::move(impl)));
 }
 
 const char* version() {

@@ -1,5 +1,5 @@
 // Fuzzes what a same-host endpoint reads from the shared memory its peer
-// writes: the record headers and heads of core/shm_channel.h
+// writes: the record headers and heads of core/endpoint/shm_channel.h
 // (docs/wire-format.md, "The shared-memory channel").
 //
 // Each input is a program of 13-byte steps, {u8 op, u32 arg, u64 word}
@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "common/socket.h"
-#include "core/shm_channel.h"
+#include "core/endpoint/shm_channel.h"
 #include "fuzz/fuzz_support.h"
 
 namespace {

@@ -310,9 +310,11 @@ class EndpointListener {
   // Endpoints already accepted are not affected.
   void close();
 
+  // Its state (opaque: the library's own).
+  struct State;
+
  private:
   friend class Manager;
-  struct State;
   explicit EndpointListener(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };

@@ -22,11 +22,7 @@ namespace rdmabuf {
 
 class ManagerImpl;
 class Endpoint;
-class EndpointImpl;
 class EndpointListener;
-class LendBudget;
-class NotificationQueue;
-class NoticeRoutes;
 struct Notification;
 
 // Thread safety: every method may be called from any thread, concurrently.
@@ -135,19 +131,7 @@ class Manager {
   void shutdown();
 
  private:
-  friend class EndpointImpl;
   explicit Manager(std::unique_ptr<ManagerImpl> impl);
-  NotificationQueue& notifications();
-  NoticeRoutes& notice_routes();
-  // write_from() for Endpoint::write: the write carries `notice`, and
-  // `notice_sent` says whether the backend that ran it sent it (see
-  // TransferState::notice_sent; set whatever the status).
-  Status write_noticed(const RemoteBuffer& dst, const LocalMemory& src, const WriteNotice& notice,
-                       std::chrono::milliseconds timeout, bool& notice_sent);
-  LendBudget& lend_budget();
-  // A message channel for an endpoint: from the best RDMA backend that
-  // offers one, or why none did.
-  Result<std::unique_ptr<MessageChannel>> open_message_channel();
   std::unique_ptr<ManagerImpl> impl_;
 };
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "core/endpoint/shm_channel.h"
 #include "core/registry.h"
-#include "core/shm_channel.h"
 #include "rdmabuf/rdmabuf.h"
 #include "tests/conformance/fixture.h"
 #include "tests/helpers/backend_detail.h"

@@ -1,7 +1,7 @@
 // A hand-made endpoint peer for tests and the fuzzer: it speaks the endpoint
-// control frames as docs/wire-format.md describes them, written apart from
-// core/endpoint.cc, so that a test can send any frame, well-formed or not,
-// to a real Endpoint and read what the real side answers.
+// control frames as docs/wire-format.md describes them, so that a test can
+// send any frame, well-formed or not, to a real Endpoint and read what the
+// real side answers.
 //
 // The peer connects to an EndpointListener, says hello and declines shared
 // memory, so every frame travels in the TCP connection. Header-only: the
@@ -20,31 +20,14 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "core/endpoint/frames.h"
 
 namespace rdmabuf::testing {
 
-// Frame types, from docs/wire-format.md.
-enum class RawFrame : uint8_t {
-  kHello = 1,
-  kPosted = 2,
-  kSent = 3,
-  kTooLarge = 4,
-  kWithdrawn = 5,
-  kNotTaken = 6,
-  kSentInline = 7,
-  kNotify = 8,
-  kLendRequest = 9,
-  kLent = 10,
-  kRenew = 11,
-  kRenewed = 12,
-  kBuffer = 13,
-  kChannelOffer = 14,
-  kChannelAnswer = 15,
-  kHandleWanted = 16,
-  kReceiveHandle = 17,
-  kSentPart = 18,
-  kChannelReady = 19,
-};
+// Frame types: the endpoint's own (core/endpoint/frames.h). Well-formed
+// frames of the handshake are built by its encoders too; RawPayload builds
+// any payload, well-formed or not, field by field.
+using RawFrame = endpoint::Frame;
 
 // Little-endian fields, appended.
 class RawPayload {
@@ -94,13 +77,14 @@ inline uint64_t read_u64_le(std::span<const uint8_t> bytes, size_t at) {
 
 class RawEndpointPeer {
  public:
-  static constexpr uint32_t kMagic = 0x50454252;
-  static constexpr uint16_t kVersion = 6;
   // The notice key a raw peer's hello gives (docs/wire-format.md, hello).
   static constexpr uint64_t kNoticeKey = 0x6b65795f6b6579;
   static std::vector<uint8_t> hello(uint64_t manager_id) {
-    return raw_frame(RawFrame::kHello,
-                     RawPayload().u32(kMagic).u16(kVersion).u64(manager_id).u64(kNoticeKey));
+    return frame_bytes(endpoint::hello_frame({manager_id, kNoticeKey}));
+  }
+  static std::vector<uint8_t> frame_bytes(endpoint::FrameBuilder&& frame) {
+    const std::span<const uint8_t> bytes = frame.done();
+    return std::vector<uint8_t>(bytes.begin(), bytes.end());
   }
 
   // Connects to `address` and sends the hello and a channel offer that
@@ -124,9 +108,9 @@ class RawEndpointPeer {
   }
   bool send_hello(uint64_t manager_id) { return send(hello(manager_id)); }
   bool send_offer() {
-    return send(
-        raw_frame(RawFrame::kChannelOffer,
-                  RawPayload().u8(0).blob("a raw test peer").u8(0).blob("a raw test peer")));
+    endpoint::ChannelOffer offer;
+    offer.no_shared_memory = offer.no_rdma = "a raw test peer";
+    return send(frame_bytes(endpoint::channel_offer_frame(offer)));
   }
 
   // Reads the real side's hello and channel answer: true when both are

@@ -1,15 +1,15 @@
-// How an endpoint cuts a message into kSentPart frames (core/message_parts.h):
+// How an endpoint cuts a message into kSentPart frames (core/endpoint/message_parts.h):
 // over TCP eight whole frames a write, through the shared-memory rings one,
 // and through a channel with a write unit (an RDMA channel's SEND) the
 // fewest frames of one size that fill the unit without passing it.
-#include "core/message_parts.h"
+#include "core/endpoint/message_parts.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
 
-namespace rdmabuf::endpoint_wire {
+namespace rdmabuf::endpoint {
 namespace {
 
 constexpr uint64_t kWholeFrame = kHeaderSize + kMaxPayload;
@@ -61,4 +61,4 @@ TEST(MessageParts, EveryWriteUnitIsFilledByTheFewestFramesThatFitIt) {
 }
 
 }  // namespace
-}  // namespace rdmabuf::endpoint_wire
+}  // namespace rdmabuf::endpoint

@@ -1,7 +1,7 @@
-// NumberedSlots (core/numbered_slots.h): records under consecutive numbers,
+// NumberedSlots (core/endpoint/numbered_slots.h): records under consecutive numbers,
 // found and erased in any order while the ring wraps and grows; records
 // that stay put; erased records that let go of what they held.
-#include "core/numbered_slots.h"
+#include "core/endpoint/numbered_slots.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// ShmChannel (core/shm_channel.h): the same-host rings an endpoint's frames
+// ShmChannel (core/endpoint/shm_channel.h): the same-host rings an endpoint's frames
 // travel through, each write one record. Bytes arrive in order each way,
 // across records, wrap-around, a full ring, two threads and two processes; a
 // write goes in whole or not at all, exactly when the record rule says it
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "common/socket.h"
-#include "core/shm_channel.h"
+#include "core/endpoint/shm_channel.h"
 #include "tests/helpers/pinned.h"
 #include "tests/helpers/printers.h"
 
@@ -203,7 +203,7 @@ std::string hex(uint64_t v) {
 
 // --- The record rule, as the test works it out -------------------------------
 //
-// Where core/shm_channel.h puts each write: one record, a header word then
+// Where core/endpoint/shm_channel.h puts each write: one record, a header word then
 // the bytes, from a multiple of record_align() to the next multiple past its
 // bytes; at the start of the next lap instead, past a wrap word, when it
 // would reach past the ring's end. A write of L bytes goes in when the
@@ -303,7 +303,7 @@ class RecordModel {
 // --- The shared file, as a peer sees it ------------------------------------
 //
 // A second mapping of a channel's file, made by the test, through which it
-// plays a peer that writes what it likes. The layout is core/shm_channel.cc's:
+// plays a peer that writes what it likes. The layout is core/endpoint/shm_channel.cc's:
 // a 4096-byte first page holding struct Layout {u64 magic, nonce, ring_bytes;
 // RingControl rings[2]}, each RingControl alignas(64) with the head on one
 // 64-byte line and the doorbell and reader_fences (u32 each) on the next (so

@@ -1,4 +1,4 @@
-#include "core/spin_stretch.h"
+#include "core/endpoint/spin_stretch.h"
 
 #include <gtest/gtest.h>
 

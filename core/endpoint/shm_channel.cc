@@ -1,4 +1,4 @@
-#include "core/shm_channel.h"
+#include "core/endpoint/shm_channel.h"
 
 #include <fcntl.h>
 #include <sched.h>

@@ -167,7 +167,7 @@ class ShmChannel {
   // reader's copy of it has left the reader's L2, so the writer's store
   // need not take the line from the other core first. With 512 KiB rings,
   // 4 KiB messages streamed at 7.1-7.5 GB/s there (UCX: 8.3-8.6); with
-  // 2 MiB ones at 9-22 (docs/performance.md, twenty-first session).
+  // 2 MiB ones at 9-22.
   static constexpr size_t kRingBytes = size_t{2048} << 10;
   static_assert((kRingBytes & (kRingBytes - 1)) == 0);
   static constexpr uint64_t kLineBytes = 64;
@@ -254,9 +254,8 @@ class ShmChannel {
   // reader's. After a small record (up to kDemoteMost bytes), its lines are
   // demoted where the CPU can (demotes_): pushed out of this core's caches
   // into the shared one, where the reader that polls finds them sooner. On
-  // the Intel host of the fourteenth session, 8 B messages went one way in
-  // 0.25-0.26 us instead of 0.28-0.29, 1 KiB in 0.58 instead of 0.63-0.66
-  // (docs/performance.md).
+  // a 2-core Intel host, 8 B messages went one way in 0.25-0.26 us instead
+  // of 0.28-0.29, 1 KiB in 0.58 instead of 0.63-0.66.
   void publish(uint64_t at, uint64_t word, size_t record_bytes);
   void zero_word(uint64_t at);
 

@@ -1,5 +1,5 @@
 // The sizes of an endpoint's frames that carry messages, and how a message
-// too large for one frame is cut into kSentPart frames (core/endpoint.cc;
+// too large for one frame is cut into kSentPart frames (core/endpoint/;
 // docs/wire-format.md). Both sides agree on the frame sizes; the shape of
 // the parts is the sender's own, chosen for its channel.
 #pragma once
@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace rdmabuf::endpoint_wire {
+namespace rdmabuf::endpoint {
 
 // A frame's header: u32 payload length, u8 type.
 constexpr size_t kHeaderSize = 5;
@@ -43,7 +43,7 @@ struct PartShape {
 // size (short of it by less than one byte a frame when they do not divide
 // it), written together: the ibverbs channel's units of 16 KiB take two
 // frames of 8192 bytes, so that no SEND carries only a part's last few
-// bytes (docs/performance.md, twenty-sixth session). A unit too small for
+// bytes. A unit too small for
 // a frame with a byte of message in it is ignored.
 constexpr PartShape part_shape(bool over_channel, uint64_t write_unit) {
   if (!over_channel) return {kPartBytes, kPartsPerWrite};
@@ -55,4 +55,4 @@ constexpr PartShape part_shape(bool over_channel, uint64_t write_unit) {
   return {write_unit / frames - kPartOverhead, static_cast<int>(frames)};
 }
 
-}  // namespace rdmabuf::endpoint_wire
+}  // namespace rdmabuf::endpoint

@@ -1,0 +1,278 @@
+// Progress: whoever waits reads.
+//
+// Frames are read and dispatched, in order, by whichever thread holds the
+// reader role (reader_role.h). A caller that waits for the peer (a credit, a
+// message, a reply) takes the role and reads the channel itself, so what it
+// waits for reaches it without a hand-off between threads; other callers
+// follow on cv_ and take the role when it comes free. When no caller has
+// held it since the endpoint's thread last looked (kLinger to kMostLinger
+// before), that thread takes it, woken by epoll: callers that read lately
+// are likely back within microseconds, and the endpoint's thread, woken
+// once, then looks again after kLinger, and less often while callers keep
+// reading (up to kMostLinger), rather than at every frame. So frames nobody
+// waits for (withdrawals, lend requests, notifications) are read at once
+// when callers have been gone a while, within about 2 * kLinger after one
+// short call, and within about 2 * kMostLinger after callers read for
+// several milliseconds (one long wait will do), even while no call waits.
+// Once two looks in a row find the role held with no caller's turn ending
+// between (a long wait, which reads whatever comes), the thread sleeps
+// until that caller gives the role back and wakes it (take_role): an idle
+// endpoint costs no wake-ups. Notifications are queued, and delivered by
+// the endpoint's thread alone, so a handler never runs inside a caller's
+// call. The waits themselves are templates: progress_templates.h.
+#include <poll.h>
+#include <sys/epoll.h>
+
+#include <algorithm>
+#include <optional>
+#include <thread>
+
+#include "core/endpoint/endpoint_impl.h"
+
+namespace rdmabuf {
+namespace {
+
+// How long after a caller last read the endpoint's thread leaves the channel
+// to callers: kLinger at first, twice as long at each look that finds
+// callers read meanwhile, up to kMostLinger. A look takes a core from
+// whoever runs there: in the Soft-RoCE VM, where a ping-pong's two
+// processes keep both cores busy, a look every kLinger held the median 8 B
+// message at 24.5-25.3 us one way against 20.9-21.7 with looks backing off
+// to 8 ms (16 ms gained nothing more), and its 90th percentile at 96-185 us
+// against 47-50. The price: a frame that comes just after callers stop
+// reading, while no call waits, may wait for the look after next (about 2
+// * kMostLinger), and so may a credit held back (see serve: a look while
+// callers read sends only the credits that are due).
+constexpr int kLingerMs = 1;
+constexpr int kMostLingerMs = 8;
+
+}  // namespace
+
+// The endpoint's thread takes the reader role if it is free; if not, and
+// `until_released`, its holder's release wakes this thread.
+std::optional<ReaderRole::Held> EndpointImpl::take_role(bool until_released) {
+  StateLock lock(mu_);
+  if (role_.held(lock)) {
+    if (until_released) role_.want(lock);
+    return std::nullopt;
+  }
+  return role_.take(lock);
+}
+
+void EndpointImpl::give_back_role() {
+  StateLock lock(mu_);
+  release_role(lock);
+}
+
+// Gives the reader role back, waking the callers that wait for it or for
+// what was read, and the endpoint's thread when it waits for the role
+// (take_role): after it found the role held, with no caller's turn ending,
+// at two looks in a row (a wait of some 8 to 16 ms or more, an idle
+// endpoint's), so the write comes once a long wait, not once a message.
+void EndpointImpl::release_role(const StateLock& lock) {
+  const bool wanted = role_.release(lock);
+  wake_sleepers();
+  if (wanted) [[unlikely]]
+    signal_eventfd(wake_.get());
+}
+
+// Between two looks at the channel while spinning. A look at a frames-in-
+// place channel is a load (or a user-space poll of a completion queue):
+// spin on it, a CPU pause at a time (about 25 ns here), for as long as a
+// look at everything else would take about ten times over, and stop as
+// soon as bytes come. In the Soft-RoCE VM an 8 B message went one way in
+// 22.4-23.7 us so against 25.3-25.7 with a yield, and the look at the
+// clock between spins (a system call there) came 32 times less often. A
+// look at a stream channel is a system call, and a yield lets other
+// threads run meanwhile.
+//
+// `core_shared`: the endpoint's maker may run on one CPU alone (one_cpu_),
+// or the peer's reader began its last wait on this thread's CPU (the rings
+// tell). Then the peer runs only when this side lets go of the core, so a
+// wait yields from its first look: with both processes on one CPU an 8 B
+// message went one way through shared memory in 1.6-2.6 µs so, against
+// 204-210 when the wait spun for its whole window (UCX, whose waits spin
+// until the kernel preempts them: 3200-4000).
+void EndpointImpl::relax(bool core_shared) {
+  if (!channel_.frames_in_place() || core_shared) {
+    std::this_thread::yield();
+    return;
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  for (int i = 0; i < 32 && !channel_.has_incoming(); ++i)
+    __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Sleeps (reader role held) until the channel may have bytes, or
+// `deadline`; false when the endpoint is closing. Also wakes when a posted
+// send's write finished (sends_wake_).
+bool EndpointImpl::sleep_on_channel(Deadline deadline) {
+  if (!channel_.prepare_sleep()) return true;  // bytes came meanwhile
+  // The RDMA channel's wakeup last (-1, ignored by poll, without one).
+  pollfd watched[4] = {{fd_.get(), POLLIN, 0},
+                       {stop_.get(), POLLIN, 0},
+                       {sends_wake_.get(), POLLIN, 0},
+                       {channel_.wakeup_fd(), POLLIN, 0}};
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  // An error (EINTR) or the deadline: the caller looks again.
+  if (::poll(watched, 4, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30))) > 0) {
+    if (watched[1].revents != 0) return false;
+    if (watched[2].revents != 0) drain_eventfd(sends_wake_.get());
+  }
+  if (channel_.frames_in_place()) take_doorbells();
+  return true;
+}
+
+// A frames-in-place channel: empties the TCP connection of doorbells (it
+// carries nothing else) and notes its end; over RDMA, takes the channel's
+// wakeups too (as doorbells). Reader role held.
+//
+// One doorbell wakes every sleeper of this side, but a caller may take it
+// before the endpoint's thread, asleep in epoll_wait, has looked: then that
+// thread would sleep on with its request used up, and frames no call waits
+// for would sit in the channel. So a taken doorbell is counted, and the
+// endpoint's thread, when it sleeps, is woken to look again.
+void EndpointImpl::take_doorbells() {
+  if (!channel_.take_doorbells(reading_.peer_closed)) return;
+  doorbells_taken_.fetch_add(1);  // seq_cst, against serve_sleeping_ (see serve)
+  // Not when the endpoint's thread waits for the role's holder, which takes
+  // the frames this doorbell rang for (and then wakes it).
+  if (serve_sleeping_.load() && !role_.wanted()) signal_eventfd(wake_.get());
+}
+
+// Arms the endpoint thread's one-shot watches on the socket and the RDMA
+// channel's wakeups.
+void EndpointImpl::watch_socket() {
+  for (int watched : {fd_.get(), channel_.wakeup_fd()}) {
+    if (watched < 0) continue;
+    epoll_event e{};
+    e.events = EPOLLIN | EPOLLONESHOT;
+    e.data.fd = watched;
+    ::epoll_ctl(events_.get(), EPOLL_CTL_MOD, watched, &e);
+  }
+}
+
+// The endpoint's thread: reads while no caller does, and delivers the
+// notifications. It arms its watch on the socket only after it read it
+// itself; callers leave the watch as it is. Woken while callers read, it
+// looks again after kLinger, then after twice as long each time callers
+// read meanwhile (up to kMostLinger), until they have been gone since its
+// last look.
+void EndpointImpl::serve() {
+  int timeout_ms = -1;
+  int linger_ms = kLingerMs;  // the next look's, while callers read
+  int held_looks = 0;         // looks in a row that found the role held (see below)
+  auto look_later = [&] {     // callers read: the next look, and the one after
+    timeout_ms = linger_ms;
+    linger_ms = std::min(2 * linger_ms, kMostLingerMs);
+  };
+  const bool in_place = channel_.frames_in_place();
+  while (true) {
+    epoll_event events[4];
+    // Sleeping with no timeout: a frame deferred from now on wakes us.
+    serve_sleeping_.store(timeout_ms < 0);
+    if (timeout_ms < 0 && in_place && doorbells_taken_.load() != doorbells_seen_) {
+      // A caller took a doorbell since this thread asked for one: it may
+      // have been this thread's. Look again soon instead of sleeping on it.
+      serve_sleeping_.store(false);
+      timeout_ms = kLingerMs;
+    }
+    int woken = 0;
+    if (!(timeout_ms < 0 && credits_.any_held())) {
+      woken = ::epoll_wait(events_.get(), events, 4, timeout_ms);
+      if (woken < 0 && errno != EINTR) {
+        break_with(Internal("epoll_wait: " + errno_text(errno)));
+        return;
+      }
+    }
+    serve_sleeping_.store(false);
+    if (woken == 0 && timeout_ms >= 0 && role_.led_lately()) {
+      // A look that nothing woke, while callers read. Their waits answer
+      // what the peer sends, move sends on after each read and send the
+      // credits held back once due; whatever needs this thread (a
+      // notification to deliver, a write that finished while no caller
+      // read, the end) signals one of its watches. Left for it: held
+      // credits that are due (a receive posted with no wait after it). The
+      // others wait for the next frame, or this thread's first look after
+      // callers stop, as the peer does not need them yet. Otherwise no lock
+      // and no write: a look does not meet a caller on mu_ (in the
+      // Soft-RoCE VM a futex wake then sat on the caller's message's way)
+      // nor send credits of its own (8 B ping-pong: 4.00 packets a round
+      // trip, against 4.01-4.02 when each look sent what was held). The
+      // price: a send that became ready just as a wait ended (at its
+      // deadline, or a writer's read while blocked, which moves no sends)
+      // moves at the look after next, not the next.
+      if (credits_.any_held_now() && credits_.due()) flush().ignore();
+      held_looks = 0;
+      look_later();
+      continue;
+    }
+    drain_eventfd(wake_.get());
+    flush().ignore();
+    progress_sends();  // writes that finished, credits read by callers
+    if (!deliver_notes()) {
+      break_with(Cancelled("the manager is shutting down"));
+      break;
+    }
+    if (stopping()) break;
+    // A waiter that looked for notifications went to sleep (looks_ended):
+    // read again now, rather than after callers have been gone a while.
+    const bool handed_back = reader_wanted_.exchange(false);
+    if (role_.led_lately() && !handed_back) {
+      held_looks = 0;
+      look_later();
+      continue;
+    }
+    // The role held at this look and the one before, with no caller's turn
+    // ending between: one wait that reads every frame that comes (an idle
+    // endpoint's receive waiting for a day, say). Its release wakes this
+    // thread, which sleeps until then: looking every kMostLinger meanwhile
+    // cost each idle endpoint 125 wake-ups a second. (After one such look
+    // it looks once more: a wait that ends within it needs no wake-up.) The
+    // holder takes the doorbells too, so none is this thread's to wait for.
+    const bool until_released = held_looks > 0;
+    const std::optional<ReaderRole::Held> role = take_role(until_released);
+    if (!role) {
+      if (handed_back) reader_wanted_.store(true);  // at the release, or the next look
+      if (until_released) {
+        held_looks = 0;
+        timeout_ms = -1;
+        doorbells_seen_ = doorbells_taken_.load();
+      } else {
+        ++held_looks;
+        look_later();
+      }
+      continue;
+    }
+    held_looks = 0;
+    linger_ms = kLingerMs;
+    timeout_ms = -1;
+    Status st;
+    if (in_place) take_doorbells();
+    while (true) {
+      bool progressed = true;
+      while (st.ok() && progressed && !notes_full()) {
+        progressed = false;
+        st = pump(*role, progressed);
+        if (progressed) cv_.notify_all();
+      }
+      // Before sleeping, a frames-in-place reader asks for a doorbell (or
+      // arms its wakeups); bytes that came meanwhile are read first.
+      if (!st.ok() || !in_place || notes_full() || channel_.prepare_sleep()) break;
+    }
+    doorbells_seen_ = doorbells_taken_.load();
+    watch_socket();
+    give_back_role();
+    if (!st.ok()) {
+      fail_reading(st);
+      break;
+    }
+    progress_sends();  // with the credits just read
+  }
+  deliver_notes();  // what was read before the end, while the queue has room
+}
+
+}  // namespace rdmabuf
