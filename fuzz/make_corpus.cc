@@ -26,7 +26,8 @@
 #include "backends/ibverbs/handle_context.h"
 #include "common/buffer_access.h"
 #include "common/hello.h"
-#include "core/shm_channel.h"
+#include "core/endpoint/frames.h"
+#include "core/endpoint/shm_channel.h"
 #include "fuzz/fuzz_support.h"
 #include "rdmabuf/rdmabuf.h"
 #include "tests/helpers/raw_endpoint.h"
@@ -351,12 +352,49 @@ void write_endpoint_handshakes(CorpusWriter& out) {
   out.write("listener_takes_tcp.bin", side(1, {hello, answer(0, "")}));
   out.write("listener_takes_rings.bin", side(1, {hello, answer(1, "")}));
   out.write("listener_takes_rdma.bin", side(1, {hello, answer(2, "address")}));
-  out.write("listener_too_new.bin",
-            side(1, {raw_frame(RawFrame::kHello,
-                               RawPayload().u32(RawEndpointPeer::kMagic).u16(99).u64(1))}));
+  out.write(
+      "listener_too_new.bin",
+      side(1, {raw_frame(RawFrame::kHello, RawPayload().u32(endpoint::kMagic).u16(99).u64(1))}));
 }
 
 // --- fuzz_shm_ring ----------------------------------------------------------------
+
+// One frame each, as the codec's encoders write it: the type's byte, then
+// the payload (fuzz_frame_codec.cc).
+void write_frame_codec(CorpusWriter& out) {
+  using endpoint::Frame;
+  out.start("fuzz_frame_codec");
+  Config tcp_only;
+  tcp_only.backends = {"tcp"};
+  const std::vector<uint8_t> handle = minted(tcp_only, 8192).to_bytes();
+  auto seed = [](endpoint::FrameBuilder&& frame) {
+    const Frame type = frame.type();
+    const std::span<const uint8_t> bytes = frame.done();
+    std::vector<uint8_t> all = {static_cast<uint8_t>(type)};
+    all.insert(all.end(), bytes.begin() + endpoint::kHeaderSize, bytes.end());
+    return all;
+  };
+  std::vector<uint8_t> credit = {static_cast<uint8_t>(Frame::kPosted)};
+  endpoint::append_credit(credit, 3, 8192, handle);
+  credit.erase(credit.begin() + 1, credit.begin() + 1 + endpoint::kHeaderSize);
+  out.write("credit_with_handle.bin", credit);
+  out.write("sent.bin", seed(endpoint::answer_frame(Frame::kSent, 3, 8000)));
+  out.write("lend_request.bin",
+            seed(endpoint::request_frame(Frame::kLendRequest, {1, 4096, 1000})));
+  out.write("reply.bin", seed(endpoint::reply_frame(Frame::kLent, 1, Status::Ok(), 1000, handle)));
+  out.write("notify.bin", seed(endpoint::notify_frame({7, 1, 0, 8})));
+  out.write("buffer.bin", seed(endpoint::buffer_frame(handle)));
+  out.write("hello.bin", seed(endpoint::hello_frame({0x5eed, 0x6b6579})));
+  endpoint::ChannelOffer offer;
+  offer.shared_memory = true;
+  offer.pid = 1;
+  offer.fd = 3;
+  offer.socket_fd = 4;
+  offer.host_id = "host";
+  offer.no_rdma = "no NIC";
+  out.write("offer.bin", seed(endpoint::channel_offer_frame(offer)));
+  out.write("ready.bin", seed(endpoint::channel_ready_frame(Status::Ok(), handle)));
+}
 
 // Programs of {u8 op, u32 arg, u64 word} steps (fuzz_shm_ring.cc says what
 // each op does) that the channel's own writer could have led to: records,
@@ -429,6 +467,7 @@ int main(int argc, char** argv) {
   write_config(out);
   write_endpoint_frames(out);
   write_endpoint_handshakes(out);
+  write_frame_codec(out);
   write_shm_rings(out);
   return 0;
 }
