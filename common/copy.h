@@ -58,7 +58,7 @@ extern const bool kShortStringMoveIsFast;
 // takes the string move too above 2112 bytes on this project's host, but
 // behind its checks and a call; a receiver streaming 4 KiB messages
 // through the ring took 2-4% more a second with the inline one, in
-// interleaved runs (docs/performance.md, fourteenth session). Elsewhere
+// interleaved runs. Elsewhere
 // memcpy, whose thresholds glibc tunes to the CPU: an emulated CPU (the
 // Soft-RoCE VM's) moved 4 KiB in 11.1 us by string move against 1.6 us by
 // memcpy. Between the two, memcpy: the string move's start-up costs more

@@ -73,7 +73,7 @@ Result<Fd> connect_tcp(const HostPort& where, Deadline deadline, int stop_fd = -
 // kernel's autotuned one (which grows to megabytes): the sender then waits
 // for the receiver to copy out before it copies in more, and the bytes stay
 // in the cache in between. Measured on loopback, 16 one-sided writes in
-// flight: 1 MiB 5.4 -> 10-11 GB/s (docs/performance.md). Between hosts the
+// flight: 1 MiB 5.4 -> 10-11 GB/s. Between hosts the
 // kernel's autotuning stays: a window must cover the path's
 // bandwidth-delay product.
 //

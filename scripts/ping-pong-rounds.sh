@@ -3,9 +3,8 @@
 # against `rdmabuf serve --endpoint`, fresh processes each time) beside
 # ucx_perftest -t tag_lat over the same transport, round after round, and
 # the medians over the rounds. Where one launch differs from the next by
-# 20-30% (the Soft-RoCE VM: docs/performance.md, thirty-fourth and
-# thirty-seventh sessions), one run decides nothing; twenty rounds show a
-# gap of a tenth.
+# 20-30% (the Soft-RoCE VM), one run decides nothing; twenty rounds show
+# a gap of a tenth.
 #
 #   scripts/ping-pong-rounds.sh [--backend B] [--rounds N] [--trips N] [--size S]
 #                               [--no-ucx] [NAME=LIBDIR ...]

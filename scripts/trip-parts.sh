@@ -2,8 +2,7 @@
 # Splits a ping-pong's one-way trip over verbs (SIZE bytes, default 8)
 # into the kernel's part and the receiver's, for rdmabuf's endpoint and
 # for UCX's tag_lat side by side: where the time between two processes
-# goes on Soft-RoCE, which timings alone cannot tell (docs/performance.md,
-# thirty-fourth session).
+# goes on Soft-RoCE, which timings alone cannot tell.
 #
 #   scripts/softroce-vm -- scripts/trip-parts.sh [SIZE] [ROUNDS]
 #
@@ -62,8 +61,8 @@ echo 16384 >"$tracing/buffer_size_kb"
 # while rxe may run on the other CPU) it crashed the emulated guest's
 # kernel: a call through a null pointer in rxe_cq_post's caller. As
 # here it is safer, not safe: it crashed the same way once more, 200 s
-# into a run of twelve ping-pongs (docs/performance.md, thirty-fifth
-# session); softroce-vm's --timeout then ends the boot.
+# into a run of twelve ping-pongs; softroce-vm's --timeout then ends the
+# boot.
 echo 0 >/proc/sys/debug/kprobes-optimization
 echo 'p:rdmabuf_cq_post rxe_cq_post' >"$tracing/kprobe_events"
 # A sleep that starts no process (a timed read of a FIFO nobody writes):

@@ -52,7 +52,7 @@ constexpr bool kBufferPerReceive = false;
 // The receives share two buffers, taking turns (as the receives of
 // ucx_perftest's tag_bw share one): the benchmark compares transports, not
 // how fast the host's memory takes 16 cold buffers. Two, not one, as every
-// figure in docs/performance.md was taken with two: a receive posted again
+// figure of the bench was taken with two: a receive posted again
 // before its echo went (as over TCP and RDMA before credits were held
 // through a wait) would, with one buffer, have the next message land in
 // the memory the echo is sent from, as far as ThreadSanitizer can tell (it

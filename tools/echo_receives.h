@@ -62,7 +62,7 @@ class EchoReceives {
   // held the receive handed over last, and is posted again next. A ring,
   // not a std::deque: the deque's pushes and pops cost the ping-pong's
   // client 67 instructions a round trip, a twentieth of its whole count
-  // through shared memory (docs/performance.md).
+  // through shared memory.
   std::array<PendingReceive, kPosted> ring_;
   size_t oldest_ = 0;
   bool handed_over_ = false;

@@ -51,7 +51,7 @@ constexpr uint32_t kInlineBytes = 256;
 // Receives read out are posted again, with one ibv_post_recv for them all,
 // when the reader next finds nothing to read (off the path from a message
 // to its answer, where posting eight, about 900 instructions, held up one
-// message in eight: docs/performance.md), or once this many wait while
+// message in eight), or once this many wait while
 // messages keep coming; until then the peer has up to kRepostBatch - 1
 // fewer to send into. So that a writer of capacity() bytes is never stuck
 // behind receives read out but not posted again, capacity() leaves them

@@ -22,8 +22,7 @@
 // back (an endpoint's credit frames, an echo) hands them back on its
 // SENDs, and the read is rarely needed: on Soft-RoCE each one cost the
 // peer's kernel a deferred task (and a switch to the thread that runs
-// it), and a tenth of 8 B ping-pongs took over twice the median
-// (docs/performance.md).
+// it), and a tenth of 8 B ping-pongs took over twice the median.
 //
 // A reader that sleeps arms its receive queue's completion events, whose
 // file descriptor then becomes readable when a SEND lands.

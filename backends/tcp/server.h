@@ -63,7 +63,7 @@ class ServerConnection final : public PinAbort {
   // busy_poll before it sleeps, since the next one is microseconds away.
   // Asleep, every segment cost the writer a wakeup of this thread (a
   // cross-core interrupt, dear in a VM): one stream's 1 MiB messages moved
-  // 6.1-7.0 GB/s, spinning 7.8-8.9 (docs/performance.md). Sends still
+  // 6.1-7.0 GB/s, spinning 7.8-8.9. Sends still
   // sleep at once: spinning there gained nothing.
   bool recv_blocking(void* dst, size_t size);
   bool discard_blocking(size_t size);

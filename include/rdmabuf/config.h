@@ -38,7 +38,7 @@ struct Config {
   // RDMABUF_TCP_STREAMS. Connections opened to each peer; large ops are cut
   // into chunks spread over them. 1..64. Four: on a 2-core loopback host,
   // two streams' 1 MiB throughput depended on where the scheduler put
-  // their threads; four were faster and steadier (docs/performance.md).
+  // their threads; four were faster and steadier.
   // Each stream is a thread and buffers on both sides.
   int tcp_streams = 4;
 
