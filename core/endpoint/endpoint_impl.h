@@ -266,15 +266,17 @@ class EndpointImpl final : public NoticeTaker {
   bool look_leanly(StateLock& lock, Pred ready);
   template <typename Pred>
   bool lead(const ReaderRole::Held& role, StateLock& lock, WaitDeadline& deadline, Pred ready);
-  void wake_sleepers() {
+  // Wakes the callers asleep on cv_ (in await or cut_short): the state they
+  // wait on changed. Costs nothing while none sleeps, as on the message path.
+  void wake_sleepers(const StateLock&) {
     if (sleepers_ > 0) cv_.notify_all();
   }
   std::optional<ReaderRole::Held> take_role(bool until_released);
   void give_back_role();
   void release_role(const StateLock& lock);
   void relax(bool core_shared);
-  bool sleep_on_channel(Deadline deadline);
-  void take_doorbells();
+  bool sleep_on_channel(const ReaderRole::Held& role, Deadline deadline);
+  void take_doorbells(const ReaderRole::Held& role);
   void watch_socket();
   void serve();
 

@@ -110,7 +110,7 @@ Status EndpointImpl::take_buffer(RemoteBuffer buffer) {
                                " handles nobody took");
     }
     remote_buffers_.push_back(std::move(buffer));
-    wake_sleepers();
+    wake_sleepers(lock);
     return Status::Ok();
   }
   Lent back = std::move(lent->second);
@@ -122,7 +122,7 @@ Status EndpointImpl::take_buffer(RemoteBuffer buffer) {
   auto range = back.memory.slice(buffer.offset(), buffer.size());
   lock.lock();
   returned_.push_back(range.ok() ? *range : back.memory);
-  wake_sleepers();
+  wake_sleepers(lock);
   return Status::Ok();
 }
 

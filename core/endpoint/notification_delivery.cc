@@ -112,7 +112,7 @@ void EndpointImpl::hand_over_notes() {
     }
     StateLock lock(mu_);
     notes_.take_front();
-    wake_sleepers();  // reading may go on, if notes_ had filled
+    wake_sleepers(lock);  // reading may go on, if notes_ had filled
   }
 }
 

@@ -71,7 +71,7 @@ void EndpointImpl::give_back_role() {
 // endpoint's), so the write comes once a long wait, not once a message.
 void EndpointImpl::release_role(const StateLock& lock) {
   const bool wanted = role_.release(lock);
-  wake_sleepers();
+  wake_sleepers(lock);
   if (wanted) [[unlikely]]
     signal_eventfd(wake_.get());
 }
@@ -109,7 +109,7 @@ void EndpointImpl::relax(bool core_shared) {
 // Sleeps (reader role held) until the channel may have bytes, or
 // `deadline`; false when the endpoint is closing. Also wakes when a posted
 // send's write finished (sends_wake_).
-bool EndpointImpl::sleep_on_channel(Deadline deadline) {
+bool EndpointImpl::sleep_on_channel(const ReaderRole::Held& role, Deadline deadline) {
   if (!channel_.prepare_sleep()) return true;  // bytes came meanwhile
   // The RDMA channel's wakeup last (-1, ignored by poll, without one).
   pollfd watched[4] = {{fd_.get(), POLLIN, 0},
@@ -122,7 +122,7 @@ bool EndpointImpl::sleep_on_channel(Deadline deadline) {
     if (watched[1].revents != 0) return false;
     if (watched[2].revents != 0) drain_eventfd(sends_wake_.get());
   }
-  if (channel_.frames_in_place()) take_doorbells();
+  if (channel_.frames_in_place()) take_doorbells(role);
   return true;
 }
 
@@ -135,7 +135,7 @@ bool EndpointImpl::sleep_on_channel(Deadline deadline) {
 // thread would sleep on with its request used up, and frames no call waits
 // for would sit in the channel. So a taken doorbell is counted, and the
 // endpoint's thread, when it sleeps, is woken to look again.
-void EndpointImpl::take_doorbells() {
+void EndpointImpl::take_doorbells(const ReaderRole::Held&) {
   if (!channel_.take_doorbells(reading_.peer_closed)) return;
   doorbells_taken_.fetch_add(1);  // seq_cst, against serve_sleeping_ (see serve)
   // Not when the endpoint's thread waits for the role's holder, which takes
@@ -251,7 +251,7 @@ void EndpointImpl::serve() {
     linger_ms = kLingerMs;
     timeout_ms = -1;
     Status st;
-    if (in_place) take_doorbells();
+    if (in_place) take_doorbells(*role);
     while (true) {
       bool progressed = true;
       while (st.ok() && progressed && !notes_full()) {

@@ -80,7 +80,7 @@ bool EndpointImpl::look_leanly(StateLock& lock, Pred ready) {
       take_frames_in_place(ReaderRole::lean(lock), progressed, lock, Take::kLeanly);
   if (!progressed) return false;
   role_.count_lead(lock);  // as a lead: the endpoint's thread leaves the channel to the callers
-  wake_sleepers();
+  wake_sleepers(lock);
   if (send_work_ready(lock)) {
     lock.unlock();
     progress_sends();
@@ -151,7 +151,7 @@ bool EndpointImpl::lead(const ReaderRole::Held& role, StateLock& lock, WaitDeadl
       if (slept) stretch_.learn_from_sleep(Clock::now() - idle_since, busy_poll_);
       break;
     }
-    if (progressed) wake_sleepers();
+    if (progressed) wake_sleepers(lock);
     lock.unlock();
     const Deadline now = Clock::now();
     if (now >= deadline.get()) {
@@ -187,7 +187,7 @@ bool EndpointImpl::lead(const ReaderRole::Held& role, StateLock& lock, WaitDeadl
       std::this_thread::yield();  // a peer on this core runs meanwhile
     } else {
       slept = true;
-      if (!sleep_on_channel(deadline.get())) {
+      if (!sleep_on_channel(role, deadline.get())) {
         lock.lock();
         break;  // closing; other outcomes: the next pump tells
       }

@@ -231,7 +231,7 @@ void EndpointImpl::ask_for_handle(StateLock& lock, uint64_t id, Outgoing& out) {
   if (replies_.count(request) != 0 && replies_[request].arrived) {
     sends_.events(lock).push_back(id);
   }
-  wake_sleepers();
+  wake_sleepers(lock);
 }
 
 // The answer to `out`'s handle request came.
@@ -281,7 +281,7 @@ void EndpointImpl::start_write(StateLock& lock, uint64_t id, Outgoing& out) {
   SendQueue::move(out, Stage::kWriting);
   // As in ask_for_handle: a write that finished already may have lost its event.
   if (out.write_done) sends_.events(lock).push_back(id);
-  wake_sleepers();  // a wait that wants to cut it short may now
+  wake_sleepers(lock);  // a wait that wants to cut it short may now
 }
 
 // A send's one-sided write finished (its on_done, on a library thread).
@@ -334,7 +334,7 @@ void EndpointImpl::conclude_write(StateLock& lock, uint64_t id, Outgoing& out, S
     SendQueue::move(out, Stage::kQueued);
     out.credit = Credit{};
     sends_.queued(lock).push_front(id);
-    wake_sleepers();
+    wake_sleepers(lock);
     return;
   }
   finish(
@@ -352,7 +352,7 @@ void EndpointImpl::finish(const StateLock& lock, Outgoing& out, Status status) {
 // Sends were marked done (lock held): wakes their waits, and a reader that
 // sleeps on the channel, whose caller may wait for one of them.
 void EndpointImpl::announce_done(const StateLock& lock) {
-  wake_sleepers();
+  wake_sleepers(lock);
   if (role_.held(lock) && !role_.held_by_this_thread(lock)) signal_eventfd(sends_wake_.get());
 }
 
