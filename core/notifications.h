@@ -1,4 +1,4 @@
-// Manager-wide state the endpoints share (core/endpoint.cc): the queue of
+// Manager-wide state the endpoints share (core/endpoint/): the queue of
 // notifications of tagged writes that landed in this manager's memory, the
 // endpoints that notices from the backends go to, and the budget of memory
 // lent to peers.
@@ -70,7 +70,8 @@ class NotificationQueue {
   bool closed_ = false;
 };
 
-// What NoticeRoutes asks about a notice: an endpoint (core/endpoint.cc).
+// What NoticeRoutes asks about a notice: an endpoint
+// (core/endpoint/notification_delivery.cc).
 class NoticeTaker {
  public:
   // The notification `notice` (its buffer, token and range checked by the

@@ -1,5 +1,5 @@
 // Fuzzes what an endpoint reads from its peer once the handshake is done:
-// the control frames of core/endpoint.cc (docs/wire-format.md, "Endpoint
+// the control frames of core/endpoint/frames.cc (docs/wire-format.md, "Endpoint
 // control frames").
 //
 // Each input is the byte stream a peer sends after a correct hello and a

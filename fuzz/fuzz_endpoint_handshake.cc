@@ -1,4 +1,4 @@
-// Fuzzes the endpoint handshake (core/endpoint.cc; docs/wire-format.md,
+// Fuzzes the endpoint handshake (core/endpoint/handshake.cc; docs/wire-format.md,
 // "Endpoint control frames": kHello, kChannelOffer, kChannelAnswer,
 // kChannelReady), from both ends, against a real Manager whose memory
 // backend is viable, so that shared rings are offered and offers of them

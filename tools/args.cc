@@ -1,6 +1,7 @@
 #include "tools/args.h"
 
 #include <cstdio>
+#include <cstring>
 
 #include "common/strings.h"
 #include "rdmabuf/config.h"
@@ -78,6 +79,18 @@ Result<Args> parse_args(int argc, char** argv, int first, const std::set<std::st
     }
   }
   return args;
+}
+
+bool wants_help(int argc, char** argv, int first) {
+  for (int i = first; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  }
+  return false;
+}
+
+int print_help(const char* text) {
+  std::fputs(text, stdout);
+  return kExitOk;
 }
 
 int fail(const Status& status) {

@@ -45,4 +45,12 @@ constexpr int kExitUsage = 2;   // bad command line
 // kInvalidArgument, kExitFailed otherwise.
 int fail(const Status& status);
 
+// True when argv[first..] holds "--help" or "-h", wherever it stands. A
+// command checks this before parsing anything else, so that its help
+// prints (and exits 0) even beside options it would refuse.
+bool wants_help(int argc, char** argv, int first = 2);
+
+// Writes a command's help text to stdout; returns kExitOk.
+int print_help(const char* text);
+
 }  // namespace rdmabuf::tool

@@ -43,6 +43,54 @@ constexpr uint64_t kOneRange = ~uint64_t{0};
 // same bytes.
 const std::vector<std::string> kLayouts = {"spread", "one-range"};
 
+constexpr const char* kHelp = R"(usage: rdmabuf bench [--backend NAME] [--sizes LIST] [--batch N]
+                     [--streams N] [--iters N] [--window BYTES]
+                     [--layouts LIST] [--connect HANDLE] [--peer auto|none]
+                     [--json] [--quiet]
+       rdmabuf bench --op send|notify ...  (rdmabuf bench --op send --help)
+       rdmabuf bench --compare ...         (rdmabuf bench --compare --help)
+
+Measures one-sided reads and writes over one backend against a peer
+process it starts here (`rdmabuf serve`), or against the buffer behind
+--connect: setup costs, the latency of single 8 B and 4 KiB ops (p50, p99),
+the rate of --batch 64 B ops submitted at once, and bandwidth at each of
+--sizes; medians after warm-up. Reads from its own peer are checked byte
+for byte. With its own peer it also measures, in the same run and where
+installed: iperf3 beside tcp, memcpy and ucx_perftest beside memory,
+perftest beside ibverbs; and prints rdmabuf's ratio to each.
+
+options:
+  --backend NAME    the backend to measure (default: the best viable one)
+  --sizes LIST      bandwidth sizes, comma-separated
+                    (default 4K,64K,1M,4M,16M,64M)
+  --batch N         ops submitted at once in the rate rows, 1..65536
+                    (default 1024)
+  --streams N       TCP connections per peer, 1..64 (default:
+                    RDMABUF_TCP_STREAMS, else 4); iperf3 runs as many
+  --iters N         repetitions per bandwidth row, 1..100000 (default 20);
+                    latency rows take max(1000, 100 N) samples
+  --window BYTES    bytes of ops in one bandwidth repetition, --window / size
+                    ops, 1 to 1024 of them (default 64M)
+  --layouts LIST    where a repetition's ops lie: spread, on distinct ranges;
+                    one-range, all on one, as the peer tools measure; or
+                    both, comma-separated (default spread)
+  --connect HANDLE  measure against this buffer (from `rdmabuf serve`,
+                    maybe on another host): its bytes are overwritten, reads
+                    are not checked, no peer tool runs
+  --peer auto|none  auto: measure the peer tools beside rdmabuf; none: skip
+                    them (default auto)
+  --json            one JSON object per measurement per line on stdout,
+                    instead of the tables
+  --quiet           no progress on stderr
+  --op send|notify  measure endpoint messages or tagged writes instead
+  --compare         measure every backend beside its peers instead
+  -h, --help        this text
+
+Sizes take K/M/G suffixes (binary).
+exit status: 0; 1 when no backend is viable (or --backend is not) or a
+measurement fails; 2 for a bad command line or RDMABUF_* variable.
+)";
+
 struct Options {
   std::optional<std::string> backend;
   std::vector<uint64_t> sizes;
@@ -297,14 +345,16 @@ int cmd_bench(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     if (std::strcmp(argv[i], "--compare") == 0) return cmd_bench_compare(argc, argv);
     if (std::strcmp(argv[i], "--op") == 0) {
-      if (i + 1 < argc &&
-          (std::strcmp(argv[i + 1], "send") == 0 || std::strcmp(argv[i + 1], "notify") == 0)) {
+      // `--op --help` and `--op bogus --help` too: the help of --op.
+      if (wants_help(argc, argv) || (i + 1 < argc && (std::strcmp(argv[i + 1], "send") == 0 ||
+                                                      std::strcmp(argv[i + 1], "notify") == 0))) {
         return cmd_bench_send(argc, argv);
       }
       return fail(
           InvalidArgument("--op takes send or notify (one-sided reads and writes need no --op)"));
     }
   }
+  if (wants_help(argc, argv)) return print_help(kHelp);
   auto parsed = parse_options(argc, argv);
   if (!parsed.ok()) return fail(parsed.status());
   Options o = *parsed;

@@ -59,6 +59,43 @@ struct CompareOptions {
   std::string command;  // as given, to reproduce the run
 };
 
+constexpr const char* kHelp =
+    R"(usage: rdmabuf bench --compare [--out DIR] [--sizes LIST] [--rounds N]
+                     [--iters N] [--seconds N] [--vm-sizes LIST]
+                     [--no-vm] [--no-install]
+
+Measures rdmabuf over every viable backend beside the tools people already
+trust, over the same sizes: iperf3 and qperf (raw TCP), ucx_perftest over
+TCP and shared memory, memcpy, and perftest (on this machine's RDMA device,
+or beside rdmabuf's ibverbs inside scripts/softroce-vm when it has none).
+Runs --rounds rounds of every system and reports medians over them. Prints
+one table with rdmabuf's speedup against each peer, and writes table.txt,
+results.json and bandwidth.svg into --out. Progress goes to stderr. Takes
+minutes; the VM adds a few more.
+
+options:
+  --out DIR        where the files go, created if missing
+                   (default bench-results)
+  --sizes LIST     bandwidth sizes, comma-separated
+                   (default 4K,16K,64K,256K,1M,4M,16M,64M)
+  --rounds N       rounds of every system, 1..100 (default 3)
+  --iters N        rdmabuf's repetitions per size in each round, 1..100000
+                   (default 20)
+  --seconds N      length of each iperf3 and qperf run, 1..60 (default 1)
+  --vm-sizes LIST  sizes measured in the Soft-RoCE VM, one round
+                   (default 4K,64K,1M)
+  --no-vm          do not start the Soft-RoCE VM when there is no RDMA device
+  --no-install     do not install missing peers (Debian's iperf3, qperf,
+                   ucx-utils; perftest with an RDMA device) with apt-get
+  --compare        this form of bench
+  -h, --help       this text
+
+Sizes take K/M/G suffixes (binary). RDMABUF_SOFTROCE_VM names the VM runner.
+exit status: 0 when an rdmabuf figure was measured (peers that could not
+run are listed as not measured, and why); 1 when none was, or the files
+cannot be written; 2 for a bad command line or RDMABUF_* variable.
+)";
+
 Result<CompareOptions> parse_compare_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(
       Args args,
@@ -438,6 +475,7 @@ void note_skip(std::vector<Skipped>& skipped, const std::string& system, const S
 }  // namespace
 
 int cmd_bench_compare(int argc, char** argv) {
+  if (wants_help(argc, argv)) return print_help(kHelp);
   auto parsed = parse_compare_options(argc, argv);
   if (!parsed.ok()) return fail(parsed.status());
   const CompareOptions o = *parsed;

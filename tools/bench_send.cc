@@ -79,6 +79,43 @@ struct SendOptions {
   bool json = false;
 };
 
+constexpr const char* kHelp =
+    R"(usage: rdmabuf bench --op send|notify [--backend NAME] [--sizes LIST]
+                     [--iters N] [--rounds N] [--window N]
+                     [--peer auto|none] [--json]
+
+--op send: two-sided Endpoint messages over one backend, against
+`rdmabuf serve --endpoint` in another process: the latency of one message
+(half its ping-pong, p50 and p99) at 8 B, 4 KiB and 64 KiB, and the
+bandwidth of messages of --sizes sent back to back by one thread.
+--op notify: tagged writes and their notifications (a write answered by
+one from the peer once it was notified), latency alone, at the same sizes.
+Beside each figure, run right after it in every round and where installed:
+ucx_perftest over the same transport (tag_lat and tag_bw; ucp_put_lat for
+notify) and, over ibverbs, perftest (ib_send_lat, ib_send_bw; ib_write_lat).
+
+options:
+  --op send|notify  what to measure (required in this form)
+  --backend NAME    the backend to measure (default: the best viable one)
+  --sizes LIST      bandwidth message sizes, comma-separated
+                    (default 4K,64K,1M,4M; send only)
+  --iters N         bandwidth runs per size, their median, 1..100000
+                    (default 10); latency takes max(1000, 100 N) samples
+  --rounds N        rounds, each of every size and peer; figures are medians
+                    over them, 1..100 (default 3)
+  --window N        sends kept posted at once by the sending thread,
+                    1..1024 (default 16; send only)
+  --peer auto|none  auto: measure UCX and perftest beside rdmabuf; none:
+                    rdmabuf alone (default auto)
+  --json            figures and comparisons as one JSON document on stdout
+                    (the form of bench --compare's results.json)
+  -h, --help        this text
+
+Sizes take K/M/G suffixes (binary).
+exit status: 0; 1 when no backend is viable (or --backend is not) or a
+measurement fails; 2 for a bad command line or RDMABUF_* variable.
+)";
+
 Result<SendOptions> parse_send_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(
       Args args,
@@ -324,6 +361,7 @@ std::vector<MessagePeer> message_peers(const std::string& backend,
 }  // namespace
 
 int cmd_bench_send(int argc, char** argv) {
+  if (wants_help(argc, argv)) return print_help(kHelp);
   auto parsed = parse_send_options(argc, argv);
   if (!parsed.ok()) return fail(parsed.status());
   const SendOptions o = *parsed;
@@ -603,7 +641,7 @@ int cmd_bench_send(int argc, char** argv) {
   } else if (backend == "ibverbs") {
     std::printf(
         "rdmabuf's frames travel as SENDs (messages up to 64 KiB in them, copied through\n"
-        "receives kept posted), larger messages by RDMA WRITE (docs/performance.md)\n");
+        "receives kept posted), larger messages by RDMA WRITE (docs/endpoints.md)\n");
   }
   return kExitOk;
 }

@@ -7,8 +7,27 @@
 #include "tools/commands.h"
 
 namespace rdmabuf::tool {
+namespace {
+
+constexpr const char* kHelp = R"(usage: rdmabuf info
+
+Prints the version; every backend, best first, with its transport level,
+whether it is viable here (and why not) and its details; this manager's
+identity; and the configuration in effect (RDMABUF_* variables over the
+defaults). Nothing is registered or sent.
+
+options:
+  -h, --help   this text
+
+exit status: 0; 1 when no manager could start (the reason is printed, and
+the configuration still is); 2 for a bad command line or RDMABUF_*
+variable.
+)";
+
+}  // namespace
 
 int cmd_info(int argc, char** argv) {
+  if (wants_help(argc, argv)) return print_help(kHelp);
   auto args = parse_args(argc, argv, 2, {}, {});
   if (!args.ok()) return fail(args.status());
   auto config = Config::from_env();

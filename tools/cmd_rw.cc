@@ -12,6 +12,37 @@
 namespace rdmabuf::tool {
 namespace {
 
+constexpr const char* kReadHelp = R"(usage: rdmabuf read HANDLE [--offset N] [--length N]
+
+Reads bytes of the remote buffer that HANDLE names (the line `rdmabuf
+serve` prints) and writes them to stdout, unchanged.
+
+options:
+  --offset N   first byte of the buffer to read (default 0)
+  --length N   bytes to read (default: the rest of the buffer after --offset)
+  -h, --help   this text
+
+N takes K/M/G suffixes (binary).
+exit status: 0; 1 when the read fails; 2 for a bad command line or
+RDMABUF_* variable, a malformed HANDLE, or a range past the buffer's end.
+)";
+
+constexpr const char* kWriteHelp = R"(usage: rdmabuf write HANDLE [--offset N]
+
+Reads stdin to its end, then writes those bytes into the remote buffer that
+HANDLE names (the line `rdmabuf serve` prints), starting at --offset. The
+bytes after them are left as they were. Reports the count on stderr.
+
+options:
+  --offset N   first byte of the buffer to write (default 0)
+  -h, --help   this text
+
+N takes K/M/G suffixes (binary).
+exit status: 0; 1 when the write fails; 2 for a bad command line or
+RDMABUF_* variable, a malformed HANDLE, an --offset past the buffer's end,
+or more input than fits from --offset on (then nothing is written).
+)";
+
 struct Target {
   std::unique_ptr<Manager> manager;
   RemoteBuffer remote;  // the whole view after --offset / --length
@@ -51,6 +82,7 @@ Status write_all(int fd, const std::byte* data, size_t size) {
 }  // namespace
 
 int cmd_read(int argc, char** argv) {
+  if (wants_help(argc, argv)) return print_help(kReadHelp);
   auto args = parse_args(argc, argv, 2, {"offset", "length"}, {});
   if (!args.ok()) return fail(args.status());
   auto target = open_target(*args, true);
@@ -66,6 +98,7 @@ int cmd_read(int argc, char** argv) {
 }
 
 int cmd_write(int argc, char** argv) {
+  if (wants_help(argc, argv)) return print_help(kWriteHelp);
   auto args = parse_args(argc, argv, 2, {"offset"}, {});
   if (!args.ok()) return fail(args.status());
   auto target = open_target(*args, false);

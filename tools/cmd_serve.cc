@@ -192,9 +192,35 @@ class EndpointServer {
   std::thread acceptor_;
 };
 
+constexpr const char* kHelp = R"(usage: rdmabuf serve [--size BYTES] [--pattern seq|zero|random]
+                     [--listen HOST:PORT] [--endpoint]
+
+Registers one buffer, prints its handle on one line of stdout, and serves
+it until SIGINT, SIGTERM or SIGHUP. Pass the handle to `rdmabuf read`,
+`rdmabuf write` or `rdmabuf bench --connect`.
+
+options:
+  --size BYTES        bytes in the buffer (default 64M)
+  --pattern seq|zero|random
+                      what the buffer holds: seq, byte i is i mod 251;
+                      zero; or random bytes (default seq)
+  --listen HOST:PORT  where this process listens for peers; 0.0.0.0:PORT
+                      for every interface (default: RDMABUF_LISTEN, else
+                      127.0.0.1:0, loopback on a free port)
+  --endpoint          also accept endpoints on 127.0.0.1, printed as
+                      "endpoint HOST:PORT" on a second line; each keeps 16
+                      receives of --size bytes posted (for bench --op)
+  -h, --help          this text
+
+Sizes take K/M/G suffixes (binary).
+exit status: 0 when stopped by a signal; 1 when the buffer cannot be
+registered or served; 2 for a bad command line or RDMABUF_* variable.
+)";
+
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
+  if (wants_help(argc, argv)) return print_help(kHelp);
   auto args = parse_args(argc, argv, 2, {"size", "pattern", "listen"}, {"endpoint"});
   if (!args.ok()) return fail(args.status());
   if (!args->positional.empty())

@@ -1,7 +1,10 @@
 // rdmabuf: inspect, serve, read, write, benchmark and soak-test remote buffers.
+// Each command prints its own help (`rdmabuf COMMAND --help`), kept beside
+// its option parsing; this file holds the overview and the dispatch.
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "rdmabuf/version.h"
 #include "tools/args.h"
@@ -12,45 +15,41 @@ namespace {
 constexpr const char* kUsage = R"(usage: rdmabuf COMMAND [OPTIONS]
 
 commands:
-  info                          version, backends (viable or not, and why), configuration
-  serve [--size BYTES] [--pattern seq|zero|random] [--listen HOST:PORT]
-                                register one buffer, print its handle, serve until killed
-  read HANDLE [--offset N] [--length N]
-                                write the remote bytes to stdout
-  write HANDLE [--offset N]     write stdin into the remote buffer
-  bench [--backend NAME] [--sizes LIST] [--batch N] [--streams N] [--iters N]
-        [--window BYTES] [--connect HANDLE] [--peer auto|none] [--json]
-                                measure bandwidth, latency and op rate against a peer
-                                process (started here unless --connect is given)
-  bench --op send|notify [--backend NAME] [--sizes LIST] [--iters N] [--rounds N]
-        [--window N] [--peer auto|none] [--json]
-                                endpoint messages (send) or tagged writes and their
-                                notifications (notify) beside UCX (and perftest)
-  soak [--seconds N] [--backend NAME] [--clients N] [--inflight N] [--max-size BYTES]
-       [--buffers N] [--seed N] [--json]
-                                load one owner process from several clients over every
-                                viable backend at once, check every byte, fail on errors,
-                                hangs or owner memory and fds that grow
+  info               version, backends (viable or not, and why), configuration
+  serve              register one buffer, print its handle, serve until killed
+  read HANDLE        write the remote bytes to stdout
+  write HANDLE       write stdin into the remote buffer
+  bench              bandwidth, latency and op rate of reads and writes
+                     against a peer process, beside iperf3, UCX and perftest
+  bench --op send    endpoint messages beside UCX (and perftest)
+  bench --op notify  tagged writes and their notifications beside UCX
+  bench --compare    every viable backend beside iperf3, qperf, UCX, memcpy
+                     and perftest; writes a table, JSON and a plot
+  soak               a long, verified load from several client processes;
+                     fails on errors, hangs or owner memory and fds that grow
+  version            the version (also --version)
 
-Sizes take K/M/G suffixes (binary). Configuration comes from RDMABUF_* variables;
-`rdmabuf info` shows what is in effect.
+`rdmabuf COMMAND --help` (or `rdmabuf help COMMAND`) shows a command's
+options and their defaults. Sizes take K/M/G suffixes (binary).
+Configuration comes from RDMABUF_* variables; `rdmabuf info` shows what is
+in effect. Exit status: 0 done, 1 failed, 2 bad command line.
 )";
 
-}  // namespace
+constexpr const char* kVersionHelp = R"(usage: rdmabuf version
+       rdmabuf --version
 
-int main(int argc, char** argv) {
+Prints "rdmabuf VERSION", the version of the tool and of the library it
+runs on.
+
+options:
+  -h, --help   this text
+
+exit status: 0.
+)";
+
+int dispatch(int argc, char** argv) {
   using namespace rdmabuf::tool;
-  if (argc < 2) {
-    std::fputs(kUsage, stderr);
-    return kExitUsage;
-  }
-  std::string command = argv[1];
-  for (int i = 2; i < argc; ++i) {  // `rdmabuf COMMAND --help`
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      std::fputs(kUsage, stdout);
-      return kExitOk;
-    }
-  }
+  const std::string command = argv[1];
   if (command == "info") return cmd_info(argc, argv);
   if (command == "serve") return cmd_serve(argc, argv);
   if (command == "read") return cmd_read(argc, argv);
@@ -58,13 +57,32 @@ int main(int argc, char** argv) {
   if (command == "bench") return cmd_bench(argc, argv);
   if (command == "soak") return cmd_soak(argc, argv);
   if (command == "--version" || command == "version") {
+    if (wants_help(argc, argv)) return print_help(kVersionHelp);
     std::printf("rdmabuf %s\n", rdmabuf::version());
     return kExitOk;
   }
   if (command == "-h" || command == "--help" || command == "help") {
-    std::fputs(kUsage, stdout);
-    return kExitOk;
+    if (command == "help" && argc > 2) {
+      // `rdmabuf help COMMAND [ARGS]`: `rdmabuf COMMAND [ARGS] --help`.
+      std::vector<char*> args(argv, argv + argc);
+      args.erase(args.begin() + 1);
+      char help[] = "--help";
+      args.push_back(help);
+      args.push_back(nullptr);
+      return dispatch(argc, args.data());
+    }
+    return print_help(kUsage);
   }
   std::fprintf(stderr, "rdmabuf: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return rdmabuf::tool::kExitUsage;
+  }
+  return dispatch(argc, argv);
 }

@@ -153,6 +153,44 @@ struct Options {
   bool json = false;
 };
 
+constexpr const char* kHelp = R"(usage: rdmabuf soak [--seconds N] [--backend NAME] [--clients N]
+                    [--inflight N] [--max-size BYTES] [--buffers N]
+                    [--seed N] [--json]
+
+A long, verified load against one owner process holding --buffers buffers,
+from --clients client processes. Each client keeps --inflight reads and
+writes in flight on its own region of every buffer, reads back every write
+and compares every byte. Without --backend, client i uses the (i mod n)-th
+of the n viable backends, all at once. Meanwhile the owner registers and
+releases a small buffer every 2 ms. Prints progress on stderr, then a
+summary: ops, bytes, errors, and the owner's RSS, fds and threads after
+warm-up and at the end.
+
+options:
+  --seconds N       length of the run, 1..604800 (default 60)
+  --backend NAME    run every client over this backend (default: every
+                    viable one)
+  --clients N       client processes, 1..64 (default 4)
+  --inflight N      ops in flight per client, 1..4096 (default 64)
+  --max-size BYTES  the largest op, 8..1G; ops range from 8 B up to it
+                    (default 4M)
+  --buffers N       buffers the owner registers, 1..64 (default 4)
+  --seed N          seed of the data patterns, 0..2^63-1 (default: random,
+                    printed when the run starts)
+  --json            the summary as one JSON object on stdout, the rest on
+                    stderr
+  --role owner|client
+                    internal: how soak starts its own processes
+  -h, --help        this text
+
+Sizes take K/M/G suffixes (binary).
+exit status: 0 when the run passed; 1 when it failed (each failure is
+printed): a failed op, a wrong byte or a hang; the RSS of the owner or a
+client grown by over 10% + 8 MiB after warm-up, or its fds or threads
+grown at all; or fds the owner keeps after the clients left; 2 for a bad
+command line or RDMABUF_* variable.
+)";
+
 Result<Options> parse_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(Args args, parse_args(argc, argv, 2,
                                                  {"seconds", "backend", "clients", "inflight",
@@ -358,6 +396,7 @@ std::string join(const std::vector<std::string>& items, const char* sep = ",") {
 }  // namespace
 
 int cmd_soak(int argc, char** argv) {
+  if (wants_help(argc, argv)) return print_help(kHelp);
   if (argc > 3 && std::string(argv[2]) == "--role") {
     if (std::string(argv[3]) == "owner") return soak::run_owner(argc, argv);
     if (std::string(argv[3]) == "client") return soak::run_client(argc, argv);

@@ -146,8 +146,8 @@ class ShmChannel {
   // Where each side waits. A reader about to spin on the incoming ring
   // says which CPU it runs on (sched_getcpu), and asks where the peer's
   // reader last said it ran: when on the same CPU, spinning keeps the
-  // peer from running (the endpoint's reader yields instead: relax() in
-  // core/endpoint.cc). A store only when the CPU changed, so that the line
+  // peer from running (the endpoint's reader yields instead: core/endpoint/
+  // progress_templates.h). A store only when the CPU changed, so that the line
   // stays in both caches. The peer's value is a hint: a hostile peer can
   // only make this side yield, or not.
   bool peer_waits_on_this_cpu();

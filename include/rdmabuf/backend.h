@@ -323,7 +323,7 @@ struct BackendEnv {
 // transport's own message primitive (ibverbs: SEND into posted receives):
 // an ordered, reliable byte stream each way, with flow control, so that a
 // writer never overruns the reader's posted room. Endpoints move their
-// frames through it (core/endpoint.cc); the bytes are the endpoint's, the
+// frames through it (core/endpoint/frame_channel.h); the bytes are the endpoint's, the
 // channel keeps no boundaries between writes.
 //
 // Made by Backend::open_message_channel, then connected: each side sends

@@ -68,7 +68,7 @@ TEST_P(ConformanceTest, EndpointMessagesKeepBoundariesAndOrder) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
   // Sizes about where messages are cut in parts: 8171 bytes a part over an
-  // RDMA channel, 8176 otherwise (part_shape in core/endpoint.cc); one, two
+  // RDMA channel, 8176 otherwise (part_shape in core/endpoint/message_parts.h); one, two
   // and three parts, and a byte more; the largest message that goes in parts.
   const std::vector<size_t> sizes = {0,     1,     100,   4096,  4097,  256 << 10, 1 << 20,
                                      3,     0,     65536, 8171,  8172,  8176,      8177,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fails when an #include crosses the layers the wrong way (DESIGN.md,
-# "Layers"): common/ includes nothing from backends/ or core/; backends/
+# Fails when an #include crosses the layers the wrong way (docs/development.md,
+# "Layering"): common/ includes nothing from backends/ or core/; backends/
 # includes nothing from core/; the public headers in include/rdmabuf/
 # include only system headers (<...>) and other public headers
 # ("rdmabuf/...").
@@ -46,7 +46,7 @@ check include/rdmabuf/ '("|<(common|core|backends|tools)/)' \
   'include/rdmabuf/ may include only <system> headers and "rdmabuf/..."' '"rdmabuf/'
 
 if [ "$bad" -ne 0 ]; then
-  echo "layering: FAILED (see DESIGN.md, Layers)" >&2
+  echo "layering: FAILED (see docs/development.md)" >&2
   exit 1
 fi
 echo "layering: OK"
