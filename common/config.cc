@@ -121,6 +121,11 @@ Result<Config> Config::from_env() {
     if (!n.ok()) return bad_env("RDMABUF_LEND_LIMIT", v, "a size such as 1G, or 0");
     c.lend_limit = *n;
   }
+  if (const char* v = env("RDMABUF_LEND_DEVICE")) {
+    auto n = parse_int(v, -1, 1023);
+    if (!n) return bad_env("RDMABUF_LEND_DEVICE", v, "-1 (host memory) or a GPU's ordinal");
+    c.lend_device = static_cast<int>(*n);
+  }
   if (const char* v = env("RDMABUF_MAX_LEASE_MS")) {
     auto n = parse_int(v, 1, int64_t{1} << 40);
     if (!n) return bad_env("RDMABUF_MAX_LEASE_MS", v, "milliseconds > 0");
@@ -191,6 +196,8 @@ std::vector<std::pair<std::string, std::string>> Config::describe() const {
       {"io_stall_timeout_ms", std::to_string(io_stall_timeout.count())},
       {"max_connections", std::to_string(max_connections)},
       {"lend_limit", format_bytes(lend_limit)},
+      {"lend_device",
+       lend_device < 0 ? std::string("host") : "cuda:" + std::to_string(lend_device)},
       {"max_lease_ms", std::to_string(max_lease.count())},
       {"log_level", log_level_name(log_level)},
   };

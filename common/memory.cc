@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/cuda_driver.h"
 #include "common/strings.h"
 #include "common/wire.h"
 #include "rdmabuf/memory.h"
@@ -22,13 +23,51 @@ Result<LocalMemory> LocalMemory::allocate(size_t size) {
   return LocalMemory(p, size, std::move(owner));
 }
 
+const char* memory_kind_name(MemoryKind kind) {
+  return kind == MemoryKind::kCuda ? "cuda" : "host";
+}
+
+Result<LocalMemory> LocalMemory::recognize(void* addr, size_t size,
+                                           std::shared_ptr<const void> keepalive) {
+  // A device pointer exists only where the driver is loaded already; a
+  // process without one is not made to load it (cuInit takes a while).
+  auto driver = cuda::Driver::get_if_loaded();
+  if (!driver.ok()) return LocalMemory(addr, size, std::move(keepalive));
+  MemoryKind kind = MemoryKind::kHost;
+  int device = 0;
+  RDMABUF_RETURN_IF_ERROR((*driver)->kind_of(addr, kind, device));
+  if (kind == MemoryKind::kCuda && size > 0) {
+    RDMABUF_RETURN_IF_ERROR((*driver)->allocation_of(addr, size).status());
+  }
+  return LocalMemory(addr, size, std::move(keepalive), kind, device);
+}
+
+Result<LocalMemory> LocalMemory::allocate_gpu(size_t size, int device) {
+  if (size == 0) return InvalidArgument("cannot allocate 0 bytes");
+  RDMABUF_ASSIGN_OR_RETURN(const cuda::Driver* driver, cuda::Driver::get());
+  RDMABUF_RETURN_IF_ERROR(driver->use_device(device));
+  cuda::CUdeviceptr p = 0;
+  const cuda::CUresult r = driver->cuMemAlloc(&p, size);
+  if (r == cuda::CUDA_ERROR_OUT_OF_MEMORY) {
+    return ResourceExhausted("cannot allocate " + format_bytes(size) + " on GPU " +
+                             std::to_string(device));
+  }
+  RDMABUF_RETURN_IF_ERROR(driver->check(r, "cuMemAlloc of " + format_bytes(size)));
+  std::shared_ptr<const void> owner(reinterpret_cast<void*>(p), [driver, device](const void* q) {
+    if (driver->use_device(device).ok()) {
+      driver->cuMemFree(reinterpret_cast<cuda::CUdeviceptr>(q));
+    }
+  });
+  return LocalMemory(reinterpret_cast<void*>(p), size, std::move(owner), MemoryKind::kCuda, device);
+}
+
 Result<LocalMemory> LocalMemory::slice(size_t offset, size_t length) const {
   if (!range_fits(offset, length, size_)) {
     return InvalidArgument("local slice [" + std::to_string(offset) + ", +" +
                            std::to_string(length) + ") does not fit in " + std::to_string(size_) +
                            " B of local memory");
   }
-  return LocalMemory(addr_ + offset, length, keepalive_, kind_);
+  return LocalMemory(addr_ + offset, length, keepalive_, kind_, device_);
 }
 
 const char* op_kind_name(OpKind kind) {

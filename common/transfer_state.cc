@@ -282,6 +282,11 @@ void Backend::serve_connection(int fd, uint64_t /*peer_manager_id*/) {
   ::close(fd);
 }
 
+Status Backend::takes_local_memory(const LocalMemory& local, const RemoteBuffer& /*remote*/) const {
+  if (!local.on_gpu()) return Status::Ok();
+  return FailedPrecondition(std::string(name()) + " moves host memory only");
+}
+
 Result<std::unique_ptr<MessageChannel>> Backend::open_message_channel() {
   return FailedPrecondition("the " + std::string(name()) + " backend carries no messages");
 }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "common/buffer_access.h"
+#include "common/cuda_driver.h"
 #include "common/hello.h"
 #include "common/host.h"
 #include "common/log.h"
@@ -23,6 +24,7 @@
 #include "core/listener.h"
 #include "core/notifications.h"
 #include "core/registry.h"
+#include "core/staging.h"
 
 namespace rdmabuf {
 namespace {
@@ -89,6 +91,10 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   // was handed to it.
   Result<Route> choose_route(const Op& op, size_t first_slot = 0, std::string_view refused_by = {},
                              const Status& refused = {});
+  // Op `i` of `transfer` goes to slot `slot`: into `per_slot`, or through
+  // the stager when the backend cannot take its (GPU) local memory.
+  void assign(const std::shared_ptr<TransferState>& transfer, uint32_t i, size_t slot,
+              const std::string& note, std::vector<std::vector<uint32_t>>& per_slot);
   // Hands each slot's ops (indices into `transfer`) to its backend.
   void dispatch(const std::shared_ptr<TransferState>& transfer,
                 const std::vector<std::vector<uint32_t>>& per_slot);
@@ -106,6 +112,11 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   std::mutex shutdown_mu_;
   std::mutex notes_mu_;
   std::set<std::string> logged_notes_;
+  // Ops on GPU memory that a backend takes only as host memory.
+  Stager stager_{[this](std::vector<Op> ops, std::chrono::milliseconds timeout,
+                        std::function<void()> on_done) {
+    return start(std::move(ops), timeout, std::move(on_done), nullptr);
+  }};
 
  public:
   // Shared by this manager's endpoints.
@@ -334,6 +345,10 @@ Status validate_op(const Op& op, uint64_t chunk_size) {
     return InvalidArgument(describe_op(op) + ": too large for chunks of " +
                            format_bytes(chunk_size));
   }
+  if (op.local.on_gpu()) {
+    Status gpu = cuda::gpu_status();
+    if (!gpu.ok()) return gpu.with_context(describe_op(op) + ": its local memory is on a GPU");
+  }
   return Status::Ok();
 }
 
@@ -465,11 +480,28 @@ std::shared_ptr<TransferState> ManagerImpl::start(std::vector<Op> ops,
       if (!route.note.empty())
         log_note_once(op.remote, slots_[route.slot].factory->name, route.note);
     }
-    state->set_route(i, slots_[route.slot].factory->name, route.note);
-    per_slot[route.slot].push_back(static_cast<uint32_t>(i));
+    assign(state, static_cast<uint32_t>(i), route.slot, route.note, per_slot);
   }
   dispatch(state, per_slot);
   return state;
+}
+
+void ManagerImpl::assign(const std::shared_ptr<TransferState>& transfer, uint32_t i, size_t slot,
+                         const std::string& note, std::vector<std::vector<uint32_t>>& per_slot) {
+  const Op& op = transfer->op(i);
+  const std::string_view name = slots_[slot].factory->name;
+  if (op.local.on_gpu()) {
+    Status takes = slots_[slot].backend->takes_local_memory(op.local, op.remote);
+    if (!takes.ok()) {
+      transfer->set_route(
+          i, name,
+          note + (note.empty() ? "" : "; ") + "staged through host memory: " + takes.message());
+      stager_.stage(transfer, i);
+      return;
+    }
+  }
+  transfer->set_route(i, name, note);
+  per_slot[slot].push_back(i);
 }
 
 Status ManagerImpl::deliver(uint64_t writer, const NoticeRecord& notice) {
@@ -507,9 +539,8 @@ void ManagerImpl::reroute(const std::shared_ptr<TransferState>& transfer,
       continue;
     }
     log_note_once(op.remote, slots_[chosen->slot].factory->name, chosen->note);
-    transfer->set_route(i, slots_[chosen->slot].factory->name, chosen->note);
     transfer->expect_parts(i, 1);  // the new backend may cut it differently
-    per_slot[chosen->slot].push_back(i);
+    assign(transfer, i, chosen->slot, chosen->note, per_slot);
   }
   dispatch(transfer, per_slot);
 }
@@ -526,10 +557,12 @@ void ManagerImpl::dispatch(const std::shared_ptr<TransferState>& transfer,
 void ManagerImpl::shutdown() {
   std::lock_guard lock(shutdown_mu_);
   if (shut_down_.exchange(true)) return;
+  stager_.stop_starting();
   listener_->stop_accepting();
   for (Slot& slot : slots_) {
     if (slot.backend) slot.backend->shutdown();
   }
+  stager_.shutdown();  // its pieces have all finished with the backends
   listener_->join_connections();
   deadlines_.stop();
   notifications_.close();

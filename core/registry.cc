@@ -54,7 +54,7 @@ Result<PinnedRegion> Registry::pin(uint64_t id, const Token& token, PinAbort* ab
     std::lock_guard lock(entry->mu);
     entry->aborts.push_back(abort);
   }
-  return PinnedRegion(entry->memory.data(), entry->memory.size(), entry, &Registry::unpin, abort);
+  return PinnedRegion(entry->memory, entry, &Registry::unpin, abort);
 }
 
 void Registry::unpin(void* opaque, PinAbort* abort) {

@@ -2,6 +2,7 @@
 // configuration in effect.
 #include <cstdio>
 
+#include "common/strings.h"
 #include "rdmabuf/rdmabuf.h"
 #include "tools/args.h"
 #include "tools/commands.h"
@@ -12,9 +13,10 @@ namespace {
 constexpr const char* kHelp = R"(usage: rdmabuf info
 
 Prints the version; every backend, best first, with its transport level,
-whether it is viable here (and why not) and its details; this manager's
-identity; and the configuration in effect (RDMABUF_* variables over the
-defaults). Nothing is registered or sent.
+whether it is viable here (and why not) and its details; the CUDA driver
+and the GPUs it sees (or why GPU memory cannot be used here); this
+manager's identity; and the configuration in effect (RDMABUF_* variables
+over the defaults). Nothing is registered or sent.
 
 options:
   -h, --help   this text
@@ -47,6 +49,18 @@ int cmd_info(int argc, char** argv) {
       }
     }
     std::printf("\nthis manager: %s\n", (*manager)->identity().to_string().c_str());
+  }
+  const GpuSupport gpu = gpu_support();
+  std::printf("\nGPU memory: ");
+  if (!gpu.status.ok()) {
+    std::printf("not usable: %s\n", gpu.status.message().c_str());
+  } else {
+    std::printf("CUDA driver %d.%d (%s)\n", gpu.driver_version / 1000,
+                gpu.driver_version % 1000 / 10, gpu.driver.c_str());
+    for (const GpuInfo& g : gpu.gpus) {
+      std::printf("  cuda:%d  %s, %s, PCI %s\n", g.ordinal, g.name.c_str(),
+                  format_bytes(g.memory).c_str(), g.pci_bus_id.c_str());
+    }
   }
   std::printf("\nconfiguration (RDMABUF_* environment over defaults):\n");
   for (const auto& [key, value] : config->describe()) {

@@ -1,5 +1,7 @@
 #include "backends/ibverbs/device.h"
 
+#include "backends/ibverbs/gpu_registration.h"
+
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -207,6 +209,7 @@ Result<std::shared_ptr<MemoryRegion>> LocalRegistrations::acquire(const LocalMem
                                                                   const std::byte* addr,
                                                                   size_t size) {
   constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE;
+  if (memory.on_gpu()) return gpu_->acquire(memory);  // the whole allocation
   if (!memory.keepalive()) return register_range(device_, addr, size, kAccess);
   std::lock_guard lock(mu_);
   for (const Entry& e : entries_) {

@@ -96,9 +96,12 @@ Result<std::shared_ptr<MemoryRegion>> register_range(const Device& device, ibv_p
 // library cannot know when it is freed, and a registration that outlives
 // its memory would point the NIC at pages that now belong to someone else).
 // Thread-safe.
+class GpuRegistrations;
+
 class LocalRegistrations {
  public:
-  explicit LocalRegistrations(const Device& device) : device_(device) {}
+  // GPU memory goes to `gpu` (gpu_registration.h).
+  LocalRegistrations(const Device& device, GpuRegistrations* gpu) : device_(device), gpu_(gpu) {}
   // A registration covering [addr, addr + size) of `memory`.
   Result<std::shared_ptr<MemoryRegion>> acquire(const LocalMemory& memory, const std::byte* addr,
                                                 size_t size);
@@ -109,6 +112,7 @@ class LocalRegistrations {
     std::shared_ptr<MemoryRegion> region;
   };
   const Device& device_;
+  GpuRegistrations* const gpu_;
   std::mutex mu_;
   std::vector<Entry> entries_;
 };

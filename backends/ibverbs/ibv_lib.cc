@@ -42,6 +42,8 @@ Result<const IbvLib*> load() {
   bind(lib.destroy_comp_channel, "ibv_destroy_comp_channel");
   bind(lib.get_cq_event, "ibv_get_cq_event");
   bind(lib.ack_cq_events, "ibv_ack_cq_events");
+  lib.reg_dmabuf_mr = reinterpret_cast<decltype(lib.reg_dmabuf_mr)>(
+      ::dlsym(handle, "ibv_reg_dmabuf_mr"));  // optional
   if (!missing.empty()) {
     ::dlclose(handle);
     return FailedPrecondition("libibverbs.so.1 lacks " + missing);

@@ -26,6 +26,8 @@ struct IbvLib {
   int (*dealloc_pd)(ibv_pd*);
   ibv_mr* (*reg_mr)(ibv_pd*, void*, size_t, int);
   int (*dereg_mr)(ibv_mr*);
+  // Optional (rdma-core 34 and later): null where the library lacks it.
+  ibv_mr* (*reg_dmabuf_mr)(ibv_pd*, uint64_t, size_t, uint64_t, int, int);
   ibv_cq* (*create_cq)(ibv_context*, int, void*, ibv_comp_channel*, int);
   int (*destroy_cq)(ibv_cq*);
   ibv_qp* (*create_qp)(ibv_pd*, ibv_qp_init_attr*);

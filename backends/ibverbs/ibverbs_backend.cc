@@ -7,6 +7,7 @@
 
 #include "backends/ibverbs/connection.h"
 #include "backends/ibverbs/device.h"
+#include "backends/ibverbs/gpu_registration.h"
 #include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/handshake.h"
 #include "backends/ibverbs/message_channel.h"
@@ -35,9 +36,10 @@ class IbverbsBackend final : public Backend {
   IbverbsBackend(const BackendEnv& env, std::shared_ptr<Device> device, Fd stop_fd)
       : env_(env),
         device_(std::move(device)),
-        registrations_(*device_),
+        gpu_registrations_(*device_, device_->has_windows()),
+        registrations_(*device_, &gpu_registrations_),
         stop_fd_(std::move(stop_fd)),
-        access_(*device_) {}
+        access_(*device_, &gpu_registrations_) {}
   ~IbverbsBackend() override { shutdown(); }
 
   std::string_view name() const override { return "ibverbs"; }
@@ -87,6 +89,13 @@ class IbverbsBackend final : public Backend {
     auto it = connections_.find(key_of(remote, c));
     // A recent handshake failure sends ops elsewhere (tcp) until its backoff ends.
     return it == connections_.end() ? Status::Ok() : it->second->health();
+  }
+
+  // GPU memory the NIC can register is read and written by the NIC itself.
+  Status takes_local_memory(const LocalMemory& local, const RemoteBuffer&) const override {
+    if (!local.on_gpu()) return Status::Ok();
+    auto region = const_cast<GpuRegistrations&>(gpu_registrations_).acquire(local);
+    return region.ok() ? Status::Ok() : region.status().with_context("ibverbs");
   }
 
   void submit(const std::shared_ptr<TransferState>& transfer,
@@ -206,6 +215,8 @@ class IbverbsBackend final : public Backend {
 
   BackendEnv env_;
   std::shared_ptr<Device> device_;  // shared with the message channels, which may outlive this
+  // GPU memory's registrations, one per driver allocation; for both sides.
+  GpuRegistrations gpu_registrations_;
   LocalRegistrations registrations_;
   Fd stop_fd_;
   std::atomic<bool> stopping_{false};

@@ -27,8 +27,8 @@ struct RemoteAccess::Buffer {
   std::map<const Grants*, ibv_mw*> windows;  // one per pair granted
 };
 
-RemoteAccess::RemoteAccess(const Device& device)
-    : device_(device), windows_(device.has_windows()) {}
+RemoteAccess::RemoteAccess(const Device& device, GpuRegistrations* gpu)
+    : device_(device), gpu_(gpu), windows_(device.has_windows()) {}
 
 RemoteAccess::~RemoteAccess() {
   std::map<uint64_t, std::shared_ptr<Buffer>> left;
@@ -44,17 +44,27 @@ RemoteAccess::~RemoteAccess() {
 }
 
 Status RemoteAccess::add(uint64_t id, const LocalMemory& memory) {
-  // A registration (and so a key) of its own, even when another buffer
-  // covers the same range: releasing this buffer must revoke exactly its
-  // access, or a stale handle would go on reaching it through its twin's.
+  // Without windows, a registration (and so a key) of its own, even when
+  // another buffer covers the same range: releasing this buffer must revoke
+  // exactly its access, or a stale handle would go on reaching it through
+  // its twin's. With windows, the keys are the windows', and GPU memory
+  // shares its allocation's registration.
   const int access =
       windows_ ? IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND
                : IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
   auto buffer = std::make_shared<Buffer>();
   buffer->addr = memory.data();
   buffer->size = memory.size();
-  RDMABUF_ASSIGN_OR_RETURN(buffer->region,
-                           register_range(device_, memory.data(), memory.size(), access));
+  if (memory.on_gpu() && windows_) {
+    RDMABUF_ASSIGN_OR_RETURN(buffer->region, gpu_->acquire(memory));
+  } else if (memory.on_gpu()) {
+    RDMABUF_ASSIGN_OR_RETURN(
+        buffer->region,
+        register_gpu_range(device_, device_.pd(), memory, memory.data(), memory.size(), access));
+  } else {
+    RDMABUF_ASSIGN_OR_RETURN(buffer->region,
+                             register_range(device_, memory.data(), memory.size(), access));
+  }
   std::lock_guard lock(mu_);
   buffers_[id] = std::move(buffer);
   return Status::Ok();

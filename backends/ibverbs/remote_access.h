@@ -30,6 +30,7 @@
 #include <unordered_map>
 
 #include "backends/ibverbs/device.h"
+#include "backends/ibverbs/gpu_registration.h"
 #include "backends/ibverbs/queue_pair.h"
 #include "rdmabuf/memory.h"
 #include "rdmabuf/status.h"
@@ -44,7 +45,8 @@ struct Grants {
 
 class RemoteAccess {
  public:
-  explicit RemoteAccess(const Device& device);
+  // GPU memory's registrations come from `gpu` where windows guard it.
+  RemoteAccess(const Device& device, GpuRegistrations* gpu);
   ~RemoteAccess();
   RemoteAccess(const RemoteAccess&) = delete;
   RemoteAccess& operator=(const RemoteAccess&) = delete;
@@ -53,7 +55,10 @@ class RemoteAccess {
   bool windows() const { return windows_; }
 
   // Registers buffer `id`'s memory. kResourceExhausted when the device
-  // refuses.
+  // refuses; for GPU memory, kFailedPrecondition saying why (the buffer is
+  // then not offered over ibverbs). With windows, GPU memory shares its
+  // allocation's registration (access is the windows'); without, it gets
+  // one of its own, as host memory does.
   Status add(uint64_t id, const LocalMemory& memory);
   // Invalidates every window on buffer `id`, then deregisters it: from its
   // return no queue pair reaches the memory. Unknown ids are ignored.
@@ -75,6 +80,7 @@ class RemoteAccess {
   Result<uint32_t> bind_window(Buffer& buffer, QueuePair& qp, const Grants& grants);
 
   const Device& device_;
+  GpuRegistrations* const gpu_;
   const bool windows_;
   std::mutex mu_;  // guards buffers_ (each Buffer has a lock of its own)
   std::map<uint64_t, std::shared_ptr<Buffer>> buffers_;

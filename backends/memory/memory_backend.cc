@@ -19,6 +19,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "backends/memory/gpu_copy.h"
 #include "backends/memory/handle_context.h"
 #include "backends/memory/shared_state.h"
 #include "common/host.h"
@@ -56,6 +57,7 @@ struct OwnerView {
   pid_t pid = 0;
   Fd pidfd;
   std::unique_ptr<Segment> segment;
+  std::unique_ptr<GpuMappings> gpu;  // its buffers in GPU memory, as mapped here
   std::atomic<bool> exited{false};
 
   // False once the owner process has exited (checked with its pidfd, so a
@@ -110,7 +112,12 @@ class MemoryBackend final : public Backend {
 
   Result<BackendContext> register_memory(uint64_t id, const LocalMemory& memory,
                                          const Token& token) override {
-    RDMABUF_ASSIGN_OR_RETURN(auto published, slots_.publish(memory.data(), memory.size(), token));
+    GpuExport gpu;
+    if (memory.on_gpu()) {
+      RDMABUF_ASSIGN_OR_RETURN(gpu, export_gpu_memory(memory));
+    }
+    RDMABUF_ASSIGN_OR_RETURN(auto published, slots_.publish(memory.data(), memory.size(), token,
+                                                            memory.on_gpu() ? &gpu : nullptr));
     {
       std::lock_guard lock(owned_mu_);
       owned_[id] = published.first;
@@ -154,6 +161,13 @@ class MemoryBackend final : public Backend {
     return Status::Ok();
   }
 
+  Status takes_local_memory(const LocalMemory& local, const RemoteBuffer& remote) const override {
+    if (!local.on_gpu() || remote_on_gpu(remote)) return Status::Ok();
+    return FailedPrecondition(
+        "memory: the owner's buffer is in host memory, which cross-memory attach cannot copy "
+        "to a GPU");
+  }
+
   void submit(const std::shared_ptr<TransferState>& transfer,
               std::span<const uint32_t> indices) override {
     std::vector<Job> jobs;
@@ -178,6 +192,13 @@ class MemoryBackend final : public Backend {
       }
       const uint64_t bytes = op.bytes();
       total_bytes += bytes;
+      if (view->usable.ok() && view->segment->slot(c->slot).on_gpu) {
+        // One copy by the GPU, whatever its size (a hint: copy() checks
+        // the slot again under its pin).
+        batch = SIZE_MAX;
+        jobs.push_back(Job{transfer, view, op.kind, c->slot, c->generation, {i}, 0, 0});
+        continue;
+      }
       if (bytes <= kSmallOp) {
         bool fits = batch != SIZE_MAX && jobs[batch].view == view && jobs[batch].kind == op.kind &&
                     jobs[batch].slot == c->slot && jobs[batch].generation == c->generation &&
@@ -285,6 +306,7 @@ class MemoryBackend final : public Backend {
       return FailedPrecondition("the owner's shared state is not where its handle says");
     }
     if (!view.alive()) return Unavailable("the owner process has exited");
+    view.gpu = std::make_unique<GpuMappings>(view.pid, view.pid == ::getpid());
     return Status::Ok();
   }
 
@@ -340,6 +362,9 @@ class MemoryBackend final : public Backend {
   // The copy itself, under a pin on the buffer's slot.
   Status copy(Job& job) {
     OwnerView& view = *job.view;
+    // Mappings of GPU buffers the owner has released close at the next op
+    // towards it (a released buffer's own op included).
+    view.gpu->sweep(*view.segment);
     Pin pin;
     RDMABUF_RETURN_IF_ERROR(pin.acquire(*view.segment, job.slot, job.generation));
     const Slot& slot = view.segment->slot(job.slot);
@@ -350,6 +375,12 @@ class MemoryBackend final : public Backend {
       RDMABUF_RETURN_IF_ERROR(check_against_slot(slot, job.transfer->op(i).remote));
     }
     if (!view.alive()) return Unavailable("the owner process has exited");
+    if (slot.on_gpu) return copy_gpu(job, slot, pin);
+    for (uint32_t i : job.ops) {
+      if (job.transfer->op(i).local.on_gpu()) {  // the manager stages these
+        return Internal("memory: GPU local memory for a buffer in host memory");
+      }
+    }
 
     std::vector<iovec> local, remote;
     local.reserve(job.ops.size());
@@ -377,6 +408,34 @@ class MemoryBackend final : public Backend {
       expected += v.iov_len;
     RDMABUF_RETURN_IF_ERROR(pin.arm(local.data(), remote.data(), local.size()));
     return transfer_all(view.pid, job.kind, local, remote, expected, pin);
+  }
+
+  // The copy of a buffer in GPU memory, by the CUDA driver, under `pin`.
+  Status copy_gpu(Job& job, const Slot& slot, Pin& pin) {
+    OwnerView& view = *job.view;
+    RDMABUF_RETURN_IF_ERROR(pin.arm_gpu());
+    RDMABUF_ASSIGN_OR_RETURN(auto at, view.gpu->address_of(slot, job.slot, job.generation));
+    std::vector<GpuRange> ranges;
+    ranges.reserve(job.ops.size());
+    for (uint32_t i : job.ops) {
+      const Op& op = job.transfer->op(i);
+      const uint64_t offset = job.piece_length ? job.piece_offset : 0;
+      const uint64_t length = job.piece_length ? job.piece_length : op.bytes();
+      ranges.push_back(
+          GpuRange{op.local.data() + offset, at.base + op.remote.offset() + offset, length});
+    }
+    return copy_gpu_ranges(job.kind, ranges, at.device);
+  }
+
+  // Whether the owner's buffer is in GPU memory, as its slot says now (a
+  // hint: the copy checks again under its pin). False when it cannot tell.
+  bool remote_on_gpu(const RemoteBuffer& remote) const {
+    const BackendContext* ctx = remote.context("memory");
+    if (!ctx) return false;
+    auto c = decode_context(ctx->data);
+    if (!c.ok()) return false;
+    auto view = const_cast<MemoryBackend*>(this)->view_for(remote.owner(), *c);
+    return view->usable.ok() && view->segment->slot(c->slot).on_gpu != 0;
   }
 
   // process_vm_readv/writev until everything moved or an error. The iovecs

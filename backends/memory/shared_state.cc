@@ -133,7 +133,7 @@ SlotTable::SlotTable(Segment& segment) : segment_(segment) {
 }
 
 Result<std::pair<uint32_t, uint64_t>> SlotTable::publish(const void* base, uint64_t size,
-                                                         const Token& token) {
+                                                         const Token& token, const GpuExport* gpu) {
   uint32_t index;
   {
     std::lock_guard lock(mu_);
@@ -148,6 +148,8 @@ Result<std::pair<uint32_t, uint64_t>> SlotTable::publish(const void* base, uint6
   s.base = reinterpret_cast<uint64_t>(base);
   s.size = size;
   std::memcpy(s.token, token.data(), sizeof s.token);
+  s.on_gpu = gpu ? 1 : 0;
+  s.gpu = gpu ? *gpu : GpuExport{};
   s.state.store(generation << 1 | 1, std::memory_order_release);
   return std::make_pair(index, generation);
 }
@@ -207,7 +209,8 @@ void SlotTable::retract(uint32_t index) {
         e.holder.compare_exchange_strong(holder, 0);
         break;
       }
-      if (state == HolderState::kStopped) {
+      if (state == HolderState::kStopped &&
+          e.iov_count.load(std::memory_order_seq_cst) != kGpuCopy) {
         const auto now = std::chrono::steady_clock::now();
         if (!stopped_since) stopped_since = now;
         if (now - *stopped_since >= kStoppedReaderGrace && cancel_stopped_copy(e, holder, target)) {
@@ -280,6 +283,15 @@ Status Pin::arm(const iovec* local, const iovec* remote, size_t count) {
   entry_->local_iov.store(reinterpret_cast<uint64_t>(local), std::memory_order_relaxed);
   entry_->remote_iov.store(reinterpret_cast<uint64_t>(remote), std::memory_order_relaxed);
   entry_->iov_count.store(static_cast<uint32_t>(count), std::memory_order_seq_cst);
+  if (segment_->slot(slot_).state.load(std::memory_order_seq_cst) != (generation_ << 1 | 1)) {
+    reset();
+    return NotFound("the owner released this buffer");
+  }
+  return Status::Ok();
+}
+
+Status Pin::arm_gpu() {
+  entry_->iov_count.store(kGpuCopy, std::memory_order_seq_cst);
   if (segment_->slot(slot_).state.load(std::memory_order_seq_cst) != (generation_ << 1 | 1)) {
     reset();
     return NotFound("the owner released this buffer");

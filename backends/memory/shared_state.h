@@ -37,6 +37,12 @@
 //          waited for, however long.
 // Dekker's argument on target/state, and on the iovecs/state, makes one side
 // always see the other.
+//
+// A buffer in GPU memory is published with its allocation's CUDA IPC handle,
+// and readers copy it through the CUDA driver (backends/memory/gpu_copy.h)
+// under the same pins. A GPU copy is the driver's and cannot be emptied from
+// outside: its pin entry is armed as kGpuCopy, and release waits for it even
+// while its holder is stopped (until the holder resumes or exits).
 #pragma once
 
 #include <sys/types.h>
@@ -50,13 +56,14 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_api.h"
 #include "common/socket.h"
 #include "rdmabuf/buffer.h"
 #include "rdmabuf/status.h"
 
 namespace rdmabuf::memory {
 
-constexpr uint64_t kSegmentMagic = 0x3374617473627264ull;  // "rdbstat3"
+constexpr uint64_t kSegmentMagic = 0x3474617473627264ull;  // "rdbstat4"
 constexpr uint32_t kSlots = 16384;
 constexpr uint32_t kPins = 4096;
 
@@ -71,11 +78,21 @@ struct alignas(64) SegmentHeader {
   std::atomic<uint32_t> pins_used;
 };
 
+// Where a buffer in GPU memory lies, for readers in other processes.
+struct GpuExport {
+  uint64_t allocation_base = 0;  // the driver allocation holding it, in the owner
+  cuda::CUipcMemHandle ipc{};    // that allocation's
+  char pci_bus_id[16] = {};      // its GPU's, so a reader can find the same one
+};
+
 struct alignas(64) Slot {
   std::atomic<uint64_t> state;  // generation << 1 | live
   uint64_t base;                // written before `state` publishes them
   uint64_t size;
   uint8_t token[16];
+  uint32_t on_gpu;  // 1: `base` is a CUDA device pointer, `gpu` says where
+  uint32_t reserved;
+  GpuExport gpu;
 };
 
 struct alignas(64) PinEntry {
@@ -90,6 +107,9 @@ struct alignas(64) PinEntry {
   // Set by a releasing owner that cancelled the copy (see above).
   std::atomic<uint32_t> cancelled;
 };
+
+// iov_count of an entry whose holder copies GPU memory (see above).
+constexpr uint32_t kGpuCopy = UINT32_MAX;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free to work across processes");
@@ -132,10 +152,10 @@ class Segment {
 class SlotTable {
  public:
   explicit SlotTable(Segment& segment);
-  // Publishes a buffer; returns its slot and generation.
-  // kResourceExhausted when every slot is in use.
-  Result<std::pair<uint32_t, uint64_t>> publish(const void* base, uint64_t size,
-                                                const Token& token);
+  // Publishes a buffer (`gpu`: where, when it is in GPU memory); returns its
+  // slot and generation. kResourceExhausted when every slot is in use.
+  Result<std::pair<uint32_t, uint64_t>> publish(const void* base, uint64_t size, const Token& token,
+                                                const GpuExport* gpu = nullptr);
   // How long a reader may stay stopped inside a copy from a buffer being
   // retracted before its copy is cancelled (see the header comment).
   static constexpr std::chrono::milliseconds kStoppedReaderGrace{1000};
@@ -166,6 +186,9 @@ class Pin {
   // stay where they are, in this thread's hands, until reset()) and checks
   // again that the buffer is live. kNotFound when it is not.
   Status arm(const iovec* local, const iovec* remote, size_t count);
+  // For a copy of GPU memory: marks the entry kGpuCopy and checks again
+  // that the buffer is live. kNotFound when it is not.
+  Status arm_gpu();
   // True once a releasing owner cancelled this copy: its iovecs were
   // emptied, and the op must fail (kNotFound) whatever moved.
   bool cancelled() const {

@@ -146,8 +146,8 @@ void ServerConnection::append_bytes(const void* data, size_t size) {
   out_bytes_ += size;
 }
 
-void ServerConnection::append_external(const std::byte* data, size_t size) {
-  out_.push_back(OutSegment{data, size});
+void ServerConnection::append_external(const std::byte* data, size_t size, bool staged) {
+  out_.push_back(OutSegment{data, size, staged});
   out_bytes_ += size;
   ++externals_;
 }
@@ -181,9 +181,10 @@ bool ServerConnection::process() {
       return false;
     }
     pos += sizeof h;
-    // Gathered payloads point into the pinned buffer: send them before the
-    // pin moves to another buffer.
-    if (has_external() && !pin_matches(h) && !flush()) return false;
+    // Gathered payloads point into the pinned buffer, and copies to a GPU
+    // buffer may still be running: finish both before the pin moves to
+    // another buffer.
+    if ((has_external() || staged_writes_) && !pin_matches(h) && !flush()) return false;
     std::byte* at = nullptr;
     Status st = resolve(h, &at);
     if (h.kind == static_cast<uint8_t>(RequestKind::kRead)) {
@@ -191,7 +192,9 @@ bool ServerConnection::process() {
         append_reply(h, st.code(), 0);
       } else {
         append_reply(h, StatusCode::kOk, h.length);
-        if (h.length <= kInlineReply) {
+        if (pin_.on_gpu()) {
+          if (!append_from_gpu(at, h.length)) return false;
+        } else if (h.length <= kInlineReply) {
           before_buffer_access(pin_.data());
           append_bytes(at, h.length);
           after_buffer_access(pin_.data());
@@ -210,6 +213,13 @@ bool ServerConnection::process() {
       if (st.ok() && has_external() && !flush()) return false;
       // The payload follows in full whatever we answer; take it.
       size_t buffered = static_cast<size_t>(std::min<uint64_t>(rx_end_ - pos, h.length));
+      if (st.ok() && pin_.on_gpu()) {
+        if (!receive_into_gpu(at, h.length, rx_.get() + pos, buffered)) return false;
+        pos += buffered;
+        append_reply(h, StatusCode::kOk, 0);
+        if ((out_bytes_ >= kFlushAtBytes || out_.size() >= kMaxIov) && !flush()) return false;
+        continue;
+      }
       if (st.ok()) {
         before_buffer_access(pin_.data());
         std::memcpy(at, rx_.get() + pos, buffered);
@@ -233,7 +243,7 @@ bool ServerConnection::process() {
   rx_end_ -= pos;
   // Nothing half-received: reply now rather than after one more recv. And
   // never keep payloads of a pin we are about to drop.
-  bool ok = (rx_end_ == 0 || has_external()) ? flush() : true;
+  bool ok = (rx_end_ == 0 || has_external() || staged_writes_) ? flush() : true;
   drop_pin();
   return ok;
 }
@@ -247,7 +257,67 @@ bool ServerConnection::wait(short events) {
   return st.ok();
 }
 
+bool ServerConnection::append_from_gpu(const std::byte* at, uint64_t length) {
+  const size_t piece_max = staging_.capacity() / 2;
+  for (uint64_t done = 0; done < length;) {
+    const size_t piece = static_cast<size_t>(std::min<uint64_t>(length - done, piece_max));
+    if (staging_.room() < piece && !flush()) return false;  // flush() empties the ring
+    before_buffer_access(pin_.data());
+    auto staged = staging_.stage_from_gpu(at + done, piece, pin_.device());
+    after_buffer_access(pin_.data());
+    if (!staged.ok()) {
+      RDMABUF_LOG_WARN("tcp: dropping a connection: " + staged.status().message());
+      return false;
+    }
+    append_external(*staged, piece, true);
+    done += piece;
+  }
+  return true;
+}
+
+bool ServerConnection::receive_into_gpu(std::byte* at, uint64_t length, const uint8_t* have,
+                                        size_t buffered) {
+  // The copy of each piece to the GPU runs while the next is received.
+  const size_t piece_max = staging_.capacity() / 2;
+  for (uint64_t done = 0; done < length;) {
+    const size_t piece = static_cast<size_t>(std::min<uint64_t>(length - done, piece_max));
+    const bool from_socket = done + piece > buffered;
+    // Before blocking on the socket, send the replies gathered so far: the
+    // reader may be waiting for them. flush() empties the ring too.
+    if (staging_.room() < piece || (from_socket && !out_.empty())) {
+      if (!flush()) return false;
+    }
+    if (from_socket && abandoned()) return false;
+    auto staged = staging_.take(piece);
+    if (!staged.ok()) return false;
+    const size_t from_rx =
+        done < buffered ? std::min<size_t>(piece, buffered - static_cast<size_t>(done)) : 0;
+    if (from_rx > 0) std::memcpy(*staged, have + done, from_rx);
+    if (from_rx < piece && !recv_blocking(*staged + from_rx, piece - from_rx)) return false;
+    before_buffer_access(pin_.data());
+    Status copied = staging_.to_gpu(at + done, *staged, piece, pin_.device());
+    after_buffer_access(pin_.data());
+    if (!copied.ok()) {
+      RDMABUF_LOG_WARN("tcp: dropping a connection: " + copied.message());
+      return false;
+    }
+    staged_writes_ = true;
+    done += piece;
+  }
+  return true;
+}
+
 bool ServerConnection::flush() {
+  // A write's reply says its bytes have landed: those copied to the GPU
+  // must be done before any reply goes.
+  if (staged_writes_) {
+    Status landed = staging_.wait_all();
+    staged_writes_ = false;
+    if (!landed.ok()) {
+      RDMABUF_LOG_WARN("tcp: dropping a connection: " + landed.message());
+      return false;
+    }
+  }
   // External pieces are read payloads in the pinned buffer (see process()).
   const bool from_buffer = has_external();
   if (from_buffer) sends_from_buffer_begin();
@@ -259,6 +329,19 @@ bool ServerConnection::flush() {
     int count = 0;
     for (; next < out_.size() && count < static_cast<int>(kMaxIov); ++next) {
       const OutSegment& seg = out_[next];
+      if (seg.staged) {
+        // Sent once its copy from the GPU is done; the next staged piece
+        // copies meanwhile, so it ends this sendmsg.
+        Status copied = staging_.wait_until(seg.external + seg.size);
+        if (!copied.ok()) {
+          RDMABUF_LOG_WARN("tcp: dropping a connection: " + copied.message());
+          ok = false;
+          break;
+        }
+        iov[count++] = {const_cast<std::byte*>(seg.external), seg.size};
+        ++next;
+        break;
+      }
       if (seg.external) {
         iov[count++] = {const_cast<std::byte*>(seg.external), seg.size};
       } else {
@@ -266,13 +349,14 @@ bool ServerConnection::flush() {
         arena_at += seg.size;
       }
     }
-    ok = send_blocking(iov, count);
+    if (ok) ok = send_blocking(iov, count);
   }
   if (from_buffer) sends_from_buffer_end();
   tx_.clear();
   out_.clear();
   out_bytes_ = 0;
   externals_ = 0;
+  staging_.reset();  // nothing staged is referred to any more
   return ok;
 }
 

@@ -9,6 +9,7 @@
 
 #include "backends/tcp/protocol.h"
 #include "common/socket.h"
+#include "common/staging_ring.h"
 #include "rdmabuf/backend.h"
 
 namespace rdmabuf::tcp {
@@ -29,7 +30,12 @@ struct ServerSettings {
 // sendmsg): headers and small payloads copied into one buffer, large read
 // payloads straight from the registered memory (sent before any later
 // write changes those bytes); large write payloads are received straight
-// into it.
+// into it. A buffer in GPU memory is reached through a StagingRing of
+// pinned memory instead: read payloads are copied out of the GPU
+// asynchronously as the requests are taken, and each is sent once its copy
+// is done, while the next ones copy; write payloads are received into the
+// ring and copied to the GPU while the next is received, and their replies
+// go out once the copies are done.
 class ServerConnection final : public PinAbort {
  public:
   ServerConnection(Fd fd, const ServerSettings& settings);
@@ -39,10 +45,12 @@ class ServerConnection final : public PinAbort {
 
  private:
   // A piece of the gathered output: the next `size` bytes of tx_, or
-  // `size` bytes of pinned memory at `external`.
+  // `size` bytes of pinned memory at `external` (in staging_, once its
+  // copy from the GPU is done, when `staged`).
   struct OutSegment {
     const std::byte* external;
     size_t size;
+    bool staged = false;
   };
 
   bool process();
@@ -50,7 +58,14 @@ class ServerConnection final : public PinAbort {
   Status resolve(const RequestHeader& h, std::byte** at);
   void append_reply(const RequestHeader& h, StatusCode code, uint64_t payload);
   void append_bytes(const void* data, size_t size);
-  void append_external(const std::byte* data, size_t size);
+  void append_external(const std::byte* data, size_t size, bool staged = false);
+  // A read's payload from a buffer in GPU memory: copied into staging_ and
+  // gathered. False when the connection must end (a CUDA error, or a flush
+  // that failed).
+  bool append_from_gpu(const std::byte* at, uint64_t length);
+  // A write's payload into a buffer in GPU memory: the `buffered` bytes at
+  // `have`, then the rest from the socket, through staging_.
+  bool receive_into_gpu(std::byte* at, uint64_t length, const uint8_t* have, size_t buffered);
   bool has_external() const { return externals_ > 0; }
   // Sends everything gathered; external pieces are sent before the pin that
   // covers them may change.
@@ -89,6 +104,9 @@ class ServerConnection final : public PinAbort {
   uint64_t pin_id_ = 0;
   Token pin_token_{};
   std::unique_ptr<uint8_t[]> scratch_;
+  // For buffers in GPU memory; its pinned memory is allocated on first use.
+  StagingRing staging_;
+  bool staged_writes_ = false;  // copies to the GPU whose replies wait in out_
 };
 
 }  // namespace rdmabuf::tcp

@@ -57,7 +57,8 @@ Status EndpointImpl::answer_lend(uint64_t id, uint64_t size, std::chrono::millis
                                     " bytes more would pass this manager's lend limit of " +
                                     std::to_string(budget.limit()) + " (RDMABUF_LEND_LIMIT)"));
   }
-  auto memory = LocalMemory::allocate(size);
+  const int device = host_.config().lend_device;
+  auto memory = device < 0 ? LocalMemory::allocate(size) : LocalMemory::allocate_gpu(size, device);
   auto handle = memory.ok() ? host_.register_buffer(*memory) : memory.status();
   if (!handle.ok()) {
     budget.give_back(size);

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "common/copy.h"
+#include "common/cuda_driver.h"
 #include "core/endpoint/credits.h"
 #include "core/endpoint/frames.h"
 #include "core/endpoint/numbered_slots.h"
@@ -126,8 +127,14 @@ class ReceiveTable {
   // (which is marked under the lock), so its memory is valid. Out of line:
   // inlined into a reader, the compiler turned the copy of a large message
   // into `rep movsq`, where memcpy picks the best copy for the size.
+  // Into GPU memory through the driver; a failure there fails the receive.
   [[gnu::noinline]] static void copy_into(Receive& receive, uint64_t at,
                                           std::span<const uint8_t> data) {
+    if (receive.into.on_gpu()) {
+      Status copied = cuda::copy_into(receive.into, at, data.data(), data.size());
+      if (!copied.ok() && receive.status.ok()) receive.status = copied;
+      return;
+    }
     copy_received(receive.into.data() + at, data.data(), data.size());
   }
 

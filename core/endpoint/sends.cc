@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 
+#include "common/cuda_driver.h"
 #include "core/endpoint/endpoint_impl.h"
 
 namespace rdmabuf {
@@ -23,6 +24,13 @@ using endpoint::Stage;
 Status EndpointImpl::post_send(const LocalMemory& message, std::chrono::milliseconds write_timeout,
                                uint64_t& id) {
   id = SendQueue::kRefused;
+  if (message.on_gpu() && message.size() <= channel_.stream_limit()) {
+    // Frames carry it (the channel reads it with the CPU): its bytes come
+    // to host memory first. A larger one goes by one-sided write, which
+    // takes GPU memory itself.
+    RDMABUF_ASSIGN_OR_RETURN(LocalMemory host, cuda::host_copy(message));
+    return post_send(host, write_timeout, id);
+  }
   {
     StateLock lock(mu_);
     RDMABUF_RETURN_IF_ERROR(broken_);

@@ -211,14 +211,23 @@ class PinnedRegion {
  public:
   using UnpinFn = void (*)(void* entry, PinAbort* abort);
   PinnedRegion() = default;
-  PinnedRegion(std::byte* data, uint64_t size, void* entry, UnpinFn unpin, PinAbort* abort)
-      : data_(data), size_(size), entry_(entry), unpin_(unpin), abort_(abort) {}
+  // `memory`: the registered buffer, which the entry keeps alive.
+  PinnedRegion(const LocalMemory& memory, void* entry, UnpinFn unpin, PinAbort* abort)
+      : data_(memory.data()),
+        size_(memory.size()),
+        kind_(memory.kind()),
+        device_(memory.device()),
+        entry_(entry),
+        unpin_(unpin),
+        abort_(abort) {}
   PinnedRegion(PinnedRegion&& other) noexcept { *this = std::move(other); }
   PinnedRegion& operator=(PinnedRegion&& other) noexcept {
     if (this != &other) {
       reset();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
+      kind_ = other.kind_;
+      device_ = other.device_;
       entry_ = std::exchange(other.entry_, nullptr);
       unpin_ = std::exchange(other.unpin_, nullptr);
       abort_ = std::exchange(other.abort_, nullptr);
@@ -230,6 +239,10 @@ class PinnedRegion {
   bool held() const { return entry_ != nullptr; }
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // Where the bytes are: GPU memory is reached through the CUDA driver only.
+  MemoryKind kind() const { return kind_; }
+  bool on_gpu() const { return kind_ == MemoryKind::kCuda; }
+  int device() const { return device_; }
   void reset() {
     if (entry_) unpin_(entry_, abort_);
     entry_ = nullptr;
@@ -240,6 +253,8 @@ class PinnedRegion {
  private:
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
+  MemoryKind kind_ = MemoryKind::kHost;
+  int device_ = 0;
   void* entry_ = nullptr;
   UnpinFn unpin_ = nullptr;
   PinAbort* abort_ = nullptr;
@@ -436,6 +451,13 @@ class Backend {
   // unreachable) and become the op's status; any other code is a property
   // of this pairing of backends, and the op fails with kFailedPrecondition.
   virtual Status can_reach(const RemoteBuffer& remote) const = 0;
+
+  // Reader side, asked for ops whose local memory is on a GPU: OK when this
+  // backend moves the bytes straight to and from `local` for ops on
+  // `remote`; otherwise why not (kFailedPrecondition), and the manager runs
+  // the op through pinned host memory instead (core/staging.h), with the
+  // reason in its note. The default: host memory only.
+  virtual Status takes_local_memory(const LocalMemory& local, const RemoteBuffer& remote) const;
 
   // Reader side. Starts ops `indices` of `transfer` (already validated:
   // ranges fit, sizes follow the read/write rules, length > 0). Returns

@@ -83,6 +83,10 @@ struct Config {
   // a request beyond it is refused with kResourceExhausted. 0: lend nothing.
   size_t lend_limit = size_t{1} << 30;
 
+  // RDMABUF_LEND_DEVICE. Where lent memory is: -1 in host memory, N on GPU
+  // N (this process's CUDA numbering).
+  int lend_device = -1;
+
   // RDMABUF_MAX_LEASE_MS. The longest lease this manager grants on memory it
   // lends (a longer request is granted this long).
   std::chrono::milliseconds max_lease{3'600'000};

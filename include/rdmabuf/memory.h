@@ -13,7 +13,11 @@ namespace rdmabuf {
 
 enum class MemoryKind : uint8_t {
   kHost = 0,  // ordinary CPU memory
+  kCuda = 1,  // memory of an NVIDIA GPU (a CUDA device pointer), with its ordinal
 };
+
+// "host" or "cuda".
+const char* memory_kind_name(MemoryKind kind);
 
 // A value type: cheap to copy, does not own the bytes unless `keepalive`
 // does. The library holds a copy of `keepalive` for as long as it may touch
@@ -27,15 +31,32 @@ enum class MemoryKind : uint8_t {
 // the same keepalive, while it lives. Memory without one is registered for
 // each op and deregistered after it (the library cannot tell when such
 // memory is freed and its addresses reused), which is slow for small ops.
+//
+// GPU memory: `recognize` asks the CUDA driver where a pointer lives, so a
+// device pointer (a CUDA tensor's data_ptr) becomes kCuda memory of its GPU
+// without the caller saying so. The driver is loaded at run time; where
+// there is none, GPU memory is kFailedPrecondition and host memory works as
+// ever. Every transport takes GPU memory on either side (docs/gpu.md).
 class LocalMemory {
  public:
   LocalMemory() = default;
+  // `kind` and `device` as given, unchecked: use recognize() for memory
+  // whose kind the caller does not know.
   LocalMemory(void* addr, size_t size, std::shared_ptr<const void> keepalive = {},
-              MemoryKind kind = MemoryKind::kHost)
+              MemoryKind kind = MemoryKind::kHost, int device = 0)
       : addr_(static_cast<std::byte*>(addr)),
         size_(size),
         kind_(kind),
+        device_(kind == MemoryKind::kCuda ? device : 0),
         keepalive_(std::move(keepalive)) {}
+
+  // The memory at [addr, addr + size), with the kind and GPU the CUDA
+  // driver's pointer attributes give it: kCuda for device memory, kHost for
+  // any other (host memory, pinned or not, and memory the driver does not
+  // know, or when there is no driver). kInvalidArgument when GPU memory
+  // runs past the driver allocation that holds `addr`.
+  static Result<LocalMemory> recognize(void* addr, size_t size,
+                                       std::shared_ptr<const void> keepalive = {});
 
   // Views a span of bytes; `keepalive` as above.
   static LocalMemory from_span(std::span<std::byte> bytes,
@@ -47,11 +68,20 @@ class LocalMemory {
   // the returned value's keepalive (freed when the last copy goes).
   // kInvalidArgument for size 0, kResourceExhausted when allocation fails.
   static Result<LocalMemory> allocate(size_t size);
+  // Allocates `size` bytes of memory on GPU `device` (cuMemAlloc), owned by
+  // the returned value's keepalive, contents undefined. kFailedPrecondition
+  // without a CUDA driver or GPU (the message says which), kInvalidArgument
+  // for size 0 or no such GPU, kResourceExhausted when the GPU is full.
+  static Result<LocalMemory> allocate_gpu(size_t size, int device = 0);
 
   std::byte* data() const { return addr_; }
   size_t size() const { return size_; }
   MemoryKind kind() const { return kind_; }
+  bool on_gpu() const { return kind_ == MemoryKind::kCuda; }
+  // The GPU's ordinal (CUDA's numbering in this process) for kCuda; 0 for host.
+  int device() const { return device_; }
   const std::shared_ptr<const void>& keepalive() const { return keepalive_; }
+  // The bytes, for host memory only: the CPU cannot touch GPU memory.
   std::span<std::byte> span() const { return {addr_, size_}; }
 
   // The sub-range [offset, offset + length), sharing the keepalive.
@@ -62,6 +92,7 @@ class LocalMemory {
   std::byte* addr_ = nullptr;
   size_t size_ = 0;
   MemoryKind kind_ = MemoryKind::kHost;
+  int device_ = 0;
   std::shared_ptr<const void> keepalive_;
 };
 

@@ -6,6 +6,7 @@
 #include "rdmabuf/buffer.h"
 #include "rdmabuf/config.h"
 #include "rdmabuf/endpoint.h"
+#include "rdmabuf/gpu.h"
 #include "rdmabuf/manager.h"
 #include "rdmabuf/memory.h"
 #include "rdmabuf/op.h"

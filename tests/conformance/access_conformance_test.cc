@@ -141,10 +141,10 @@ LocalMemory probing_memory(size_t size, uint64_t seed, std::shared_ptr<Probe> pr
   fill_pattern(std::span(bytes, size), seed);
   std::shared_ptr<const void> keepalive(bytes, [probe, size](const std::byte* p) {
     // Runs as the library lets go of the memory: nothing may reach it now.
-    LocalMemory into = with_sentinel(size);
+    LocalMemory into = testing::filled_of(MemoryKind::kHost, size, kSentinel);
     probe->read = probe->reader->read_into(probe->handle, into, 5s);
     probe->read_landed = find_not(into.span(), kSentinel).has_value();
-    LocalMemory from = with_pattern(size, 77);
+    LocalMemory from = testing::with_pattern_of(MemoryKind::kHost, size, 77);
     probe->write = probe->reader->write_from(probe->handle, from, 5s);
     probe->ran.store(true);
     std::free(const_cast<std::byte*>(p));

@@ -82,11 +82,12 @@ TEST_P(ConformanceTest, EndpointMessagesKeepBoundariesAndOrder) {
         return "message " + std::to_string(i) + " has " + std::to_string(*size) + " bytes, not " +
                std::to_string(sizes[i]);
       }
-      auto landed = into.span().first(*size);
+      const auto held = bytes(into);
+      auto landed = held.span().first(*size);
       if (auto bad = find_mismatch(landed, 100 + i)) {
         return "message " + std::to_string(i) + " differs at byte " + std::to_string(*bad);
       }
-      if (find_not(into.span().subspan(*size), kSentinel)) {
+      if (find_not(bytes(into).span().subspan(*size), kSentinel)) {
         return "message " + std::to_string(i) + " wrote past its size";
       }
     }
@@ -121,8 +122,8 @@ TEST_P(ConformanceTest, EndpointPostedReceivesFillInTheOrderPosted) {
     auto size = posted[i].wait(kTimeout);
     ASSERT_TRUE(size.ok()) << size.status().to_string();
     EXPECT_EQ(*size, sizes[i]);
-    EXPECT_EQ(find_mismatch(into[i].span().first(sizes[i]), 40 + i), std::nullopt);
-    EXPECT_EQ(find_not(into[i].span().subspan(sizes[i]), kSentinel), std::nullopt);
+    EXPECT_EQ(find_mismatch(bytes(into[i]).span().first(sizes[i]), 40 + i), std::nullopt);
+    EXPECT_EQ(find_not(bytes(into[i]).span().subspan(sizes[i]), kSentinel), std::nullopt);
   }
   EXPECT_EQ(posted[0].wait(kTimeout).status().code(), StatusCode::kFailedPrecondition)
       << "a receive is waited for once";
@@ -155,7 +156,7 @@ TEST_P(ConformanceTest, EndpointManyPostedReceivesEndedInAnyOrderEachGetTheirOwn
     auto size = posted[i].wait(kTimeout);
     ASSERT_TRUE(size.ok()) << size.status().to_string();
     EXPECT_EQ(*size, kSize);
-    EXPECT_EQ(find_mismatch(into[i].span(), i), std::nullopt);
+    EXPECT_EQ(find_mismatch(bytes(into[i]).span(), i), std::nullopt);
   };
   ASSERT_NO_FATAL_FAILURE(post(kFirst));
   ASSERT_NO_FATAL_FAILURE(send(0, kDoneEarly));
@@ -242,10 +243,11 @@ TEST_P(ConformanceTest, EndpointMessagesAcrossTheRingsEndLandWhole) {
           "message " + std::to_string(i) + " of " + std::to_string(sizes[i]) + " bytes: ";
       if (!size.ok()) return which + size.status().to_string();
       if (*size != sizes[i]) return which + "came with " + std::to_string(*size) + " bytes";
-      if (auto bad = find_mismatch(into[i].span().first(*size), 1000 + i)) {
+      if (auto bad = find_mismatch(bytes(into[i]).span().first(*size), 1000 + i)) {
         return which + "differs at byte " + std::to_string(*bad);
       }
-      if (find_not(into[i].span().subspan(*size), kSentinel)) return which + "wrote past its end";
+      if (find_not(bytes(into[i]).span().subspan(*size), kSentinel))
+        return which + "wrote past its end";
     }
     return std::string();
   });
@@ -293,12 +295,13 @@ TEST_P(ConformanceTest, EndpointPostedSendsFromOneThreadLandInTheOrderPosted) {
     auto size = receiver->receive(into, kTimeout);
     if (i == oversize) {
       EXPECT_EQ(size.status().code(), StatusCode::kInvalidArgument) << size.status().to_string();
-      EXPECT_EQ(find_not(into.span(), kSentinel), std::nullopt) << "an oversize message landed";
+      EXPECT_EQ(find_not(bytes(into).span(), kSentinel), std::nullopt)
+          << "an oversize message landed";
       continue;
     }
     ASSERT_TRUE(size.ok()) << size.status().to_string();
     EXPECT_EQ(*size, sizes[i]);
-    EXPECT_EQ(find_mismatch(into.span().first(sizes[i]), 200 + i), std::nullopt);
+    EXPECT_EQ(find_mismatch(bytes(into).span().first(sizes[i]), 200 + i), std::nullopt);
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
     Status st = sending[i].wait(kTimeout);
@@ -342,13 +345,14 @@ TEST_P(ConformanceTest, EndpointSmallSendsQueuedForCreditsEachLandWithTheirOwnOu
     auto size = receiving[i].wait(kTimeout);
     if (i == kOversize) {
       EXPECT_EQ(size.status().code(), StatusCode::kInvalidArgument) << size.status().to_string();
-      EXPECT_EQ(find_not(into[i].span(), kSentinel), std::nullopt) << "an oversize message landed";
+      EXPECT_EQ(find_not(bytes(into[i]).span(), kSentinel), std::nullopt)
+          << "an oversize message landed";
       continue;
     }
     ASSERT_TRUE(size.ok()) << size.status().to_string();
     ASSERT_EQ(*size, messages[i].size());
-    EXPECT_EQ(find_mismatch(into[i].span().first(*size), 500 + i), std::nullopt);
-    EXPECT_EQ(find_not(into[i].span().subspan(*size), kSentinel), std::nullopt)
+    EXPECT_EQ(find_mismatch(bytes(into[i]).span().first(*size), 500 + i), std::nullopt);
+    EXPECT_EQ(find_not(bytes(into[i]).span().subspan(*size), kSentinel), std::nullopt)
         << "bytes past the message";
   }
   for (size_t i = 0; i < kCount; ++i) {
@@ -358,7 +362,8 @@ TEST_P(ConformanceTest, EndpointSmallSendsQueuedForCreditsEachLandWithTheirOwnOu
   }
 }
 
-void exchange_both_ways(Manager& owner, Manager& reader, size_t size, int count, int window);
+void exchange_both_ways(Manager& owner, Manager& reader, MemoryKind kind, size_t size, int count,
+                        int window);
 
 // Both sides stream windows of messages at each other at once, each with a
 // thread that keeps receives posted: the control channel fills both ways
@@ -372,13 +377,15 @@ TEST_P(ConformanceTest, EndpointWindowsOfLargeMessagesBothWaysAtOnceAllLand) {
         {65536, emulated ? 16 : 512, emulated ? 8 : 128}}) {
     SCOPED_TRACE(std::to_string(count) + " messages of " + std::to_string(size) + " bytes, " +
                  std::to_string(window) + " in flight");
-    exchange_both_ways(*owner_, *reader_, size, count, window);
+    exchange_both_ways(*owner_, *reader_, local_kind(), size, count, window);
   }
 }
 
 // Both sides of an endpoint send `count` messages of `size` bytes to each
-// other at once, `window` posted sends and receives at a time on each.
-void exchange_both_ways(Manager& owner, Manager& reader, size_t size, int count, int window) {
+// other at once, `window` posted sends and receives at a time on each, in
+// memory of `kind`.
+void exchange_both_ways(Manager& owner, Manager& reader, MemoryKind kind, size_t size, int count,
+                        int window) {
   auto [one, other] = connect_endpoints(owner, reader);
   ASSERT_TRUE(one && other);
   auto receive_all = [&](Endpoint& endpoint, uint8_t seed) -> std::string {
@@ -387,7 +394,7 @@ void exchange_both_ways(Manager& owner, Manager& reader, size_t size, int count,
     int next = 0;
     for (int done = 0; done < count; ++done) {
       while (next < count && static_cast<int>(posted.size()) < window) {
-        into.push_back(with_sentinel(size));
+        into.push_back(testing::filled_of(kind, size, kSentinel));
         auto receive = endpoint.post_receive(into.back());
         if (!receive.ok())
           return "posting receive " + std::to_string(next) + ": " + receive.status().to_string();
@@ -397,7 +404,7 @@ void exchange_both_ways(Manager& owner, Manager& reader, size_t size, int count,
       auto got = posted.front().wait(kTimeout);
       posted.pop_front();
       if (!got.ok()) return "message " + std::to_string(done) + ": " + got.status().to_string();
-      if (*got != size || find_mismatch(into[done].span(), seed + done)) {
+      if (*got != size || find_mismatch(testing::HostBytes(into[done]).span(), seed + done)) {
         return "message " + std::to_string(done) + " is not whole or not in order";
       }
     }
@@ -406,7 +413,7 @@ void exchange_both_ways(Manager& owner, Manager& reader, size_t size, int count,
   auto send_all = [&](Endpoint& endpoint, uint8_t seed) -> std::string {
     std::vector<LocalMemory> messages;
     for (int i = 0; i < count; ++i)
-      messages.push_back(with_pattern(size, seed + i));
+      messages.push_back(testing::with_pattern_of(kind, size, seed + i));
     std::deque<PendingSend> in_flight;
     for (int i = 0; i < count; ++i) {
       if (static_cast<int>(in_flight.size()) == window) {
@@ -459,7 +466,7 @@ TEST_P(ConformanceTest, EndpointPostedSendCutShortIsNotSent) {
   auto size = receiving->wait(kTimeout);
   ASSERT_TRUE(size.ok()) << size.status().to_string();
   EXPECT_EQ(*size, 4096u);
-  EXPECT_EQ(find_mismatch(into.span().first(4096), 3), std::nullopt);
+  EXPECT_EQ(find_mismatch(bytes(into).span().first(4096), 3), std::nullopt);
   EXPECT_EQ(receiver->receive(into, 100ms).status().code(), StatusCode::kDeadlineExceeded)
       << "a cancelled send arrived";
 }
@@ -502,9 +509,11 @@ TEST_P(ConformanceTest, EndpointAbandonedReceiveTakesNoBytesAndTheNextGetsTheMes
   auto size = next->wait(kTimeout);
   ASSERT_TRUE(size.ok()) << size.status().to_string();
   EXPECT_EQ(*size, 65536u);
-  EXPECT_EQ(find_mismatch(into.span().first(65536), 61), std::nullopt);
-  EXPECT_EQ(find_not(small.span(), kSentinel), std::nullopt) << "bytes in an abandoned receive";
-  EXPECT_EQ(find_not(large.span(), kSentinel), std::nullopt) << "bytes in an abandoned receive";
+  EXPECT_EQ(find_mismatch(bytes(into).span().first(65536), 61), std::nullopt);
+  EXPECT_EQ(find_not(bytes(small).span(), kSentinel), std::nullopt)
+      << "bytes in an abandoned receive";
+  EXPECT_EQ(find_not(bytes(large).span(), kSentinel), std::nullopt)
+      << "bytes in an abandoned receive";
   // The abandoned receives are no credits any more: nothing is posted now.
   EXPECT_EQ(sender->send(with_pattern(100, 62), 200ms).code(), StatusCode::kDeadlineExceeded);
 }
@@ -542,7 +551,7 @@ TEST_P(ConformanceTest, EndpointReceiveAbandonedAmidALongMessageTakesNoMoreBytes
     std::this_thread::sleep_for(round < 10 ? std::chrono::microseconds(200 * round)
                                            : std::chrono::milliseconds(round - 9));
     posted.reset();  // abandoned: from here on no byte may land
-    const std::vector<std::byte> seen(abandoned.span().begin(), abandoned.span().end());
+    const std::vector<std::byte> seen = bytes(abandoned).vector();
     LocalMemory next = with_sentinel(kLong);
     auto landed = receiver->post_receive(next);
     ASSERT_TRUE(landed.ok()) << landed.status().to_string();
@@ -550,11 +559,12 @@ TEST_P(ConformanceTest, EndpointReceiveAbandonedAmidALongMessageTakesNoMoreBytes
     auto size = landed->wait(200ms);
     if (size.ok()) {
       EXPECT_EQ(*size, kLong);
-      EXPECT_EQ(find_mismatch(next.span(), seed), std::nullopt) << "not whole in the next receive";
+      EXPECT_EQ(find_mismatch(bytes(next).span(), seed), std::nullopt)
+          << "not whole in the next receive";
     } else {
       EXPECT_EQ(size.status().code(), StatusCode::kDeadlineExceeded) << size.status().to_string();
     }
-    EXPECT_TRUE(std::equal(seen.begin(), seen.end(), abandoned.span().begin()))
+    EXPECT_TRUE(std::equal(seen.begin(), seen.end(), bytes(abandoned).span().begin()))
         << "bytes landed in the receive after it was abandoned";
   }
 }
@@ -587,14 +597,14 @@ TEST_P(ConformanceTest, EndpointLargeMessageRacingAWithdrawalArrivesOnce) {
     auto got = racing->wait(std::chrono::milliseconds(round % 4));
     if (got.ok()) {
       EXPECT_EQ(*got, kLarge);
-      EXPECT_EQ(find_mismatch(first.span().first(kLarge), seed), std::nullopt);
+      EXPECT_EQ(find_mismatch(bytes(first).span().first(kLarge), seed), std::nullopt);
     } else {
       EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded) << got.status().to_string();
       LocalMemory next = with_sentinel(1 << 20);
       auto size = receiver->receive(next, kTimeout);
       ASSERT_TRUE(size.ok()) << size.status().to_string();
       EXPECT_EQ(*size, kLarge);
-      EXPECT_EQ(find_mismatch(next.span().first(kLarge), seed), std::nullopt);
+      EXPECT_EQ(find_mismatch(bytes(next).span().first(kLarge), seed), std::nullopt);
     }
     EXPECT_TRUE(sending.get().ok());
   }
@@ -736,7 +746,7 @@ TEST_P(ConformanceTest, EndpointSendWaitsForTheReceiverToPostAReceive) {
     LocalMemory into = with_sentinel(4096);
     posted_at->store(Clock::now().time_since_epoch().count());
     auto size = receiver->receive(into, kTimeout);
-    return size.ok() && *size == 4096 && !find_mismatch(into.span(), 7);
+    return size.ok() && *size == 4096 && !find_mismatch(bytes(into).span(), 7);
   });
   ASSERT_TRUE(sender->send(message, kTimeout).ok());
   const int64_t sent_at = Clock::now().time_since_epoch().count();
@@ -777,7 +787,7 @@ TEST_P(ConformanceTest, EndpointCreditsReachTheSenderWhileTheReceiverDoesNotCall
       auto size = posted[i].wait(kTimeout);
       ASSERT_TRUE(size.ok()) << size.status().to_string();
       EXPECT_EQ(*size, 1000u + i);
-      EXPECT_EQ(find_mismatch(into[i].span().first(1000 + i), 20 + i), std::nullopt);
+      EXPECT_EQ(find_mismatch(bytes(into[i]).span().first(1000 + i), 20 + i), std::nullopt);
     }
   }
 }
@@ -793,12 +803,13 @@ TEST_P(ConformanceTest, EndpointOversizeMessageFailsBothSidesAndTruncatesNothing
   auto received = receiving.get();
   EXPECT_EQ(received.status().code(), StatusCode::kInvalidArgument)
       << received.status().to_string();
-  EXPECT_FALSE(find_not(into.span(), kSentinel)) << "a refused message wrote into the receive";
+  EXPECT_FALSE(find_not(bytes(into).span(), kSentinel))
+      << "a refused message wrote into the receive";
   // The endpoint goes on: the next message that fits arrives.
   auto next = std::async(std::launch::async, [&, &receiver = receiver] {
     LocalMemory bigger = with_sentinel(200);
     auto size = receiver->receive(bigger, kTimeout);
-    return size.ok() && *size == 101 && !find_mismatch(bigger.span().first(101), 3);
+    return size.ok() && *size == 101 && !find_mismatch(bytes(bigger).span().first(101), 3);
   });
   EXPECT_TRUE(sender->send(with_pattern(101, 3), kTimeout).ok());
   EXPECT_TRUE(next.get());
@@ -813,11 +824,11 @@ TEST_P(ConformanceTest, EndpointReceiveThatTimesOutIsWithdrawnAndTheNextGetsTheM
   auto receiving = std::async(std::launch::async, [&, &receiver = receiver] {
     LocalMemory into = with_sentinel(4096);
     auto size = receiver->receive(into, kTimeout);
-    return size.ok() && *size == 4096 && !find_mismatch(into.span(), 9);
+    return size.ok() && *size == 4096 && !find_mismatch(bytes(into).span(), 9);
   });
   EXPECT_TRUE(sender->send(with_pattern(4096, 9), kTimeout).ok());
   EXPECT_TRUE(receiving.get());
-  EXPECT_FALSE(find_not(abandoned.span(), kSentinel)) << "a withdrawn receive was written";
+  EXPECT_FALSE(find_not(bytes(abandoned).span(), kSentinel)) << "a withdrawn receive was written";
 }
 
 TEST_P(ConformanceTest, EndpointClosedByThePeerFailsWaitingCalls) {
@@ -876,7 +887,8 @@ TEST_P(ConformanceTest, EndpointTaggedWriteNotifiesTheOwnerAfterTheBytesLanded) 
   owner_->set_notification_handler([&](const Notification& n) {
     std::lock_guard lock(mu);
     ScopedIgnoreReads quiet;  // written by the owner's I/O thread (sanitizer.h)
-    auto landed = target.memory.span().subspan(n.offset, n.length);
+    const auto held = bytes(target.memory);
+    auto landed = held.span().subspan(n.offset, n.length);
     seen.push_back(std::to_string(n.tag) + "@" + std::to_string(n.offset) + "+" +
                    std::to_string(n.length) +
                    (find_mismatch(landed, n.tag, n.offset) ? " missing" : " landed") +
@@ -980,7 +992,7 @@ TEST_P(ConformanceTest, EndpointNotificationsFoundByALookingWaiterComeOnceInOrde
     auto size = posted->wait(kTimeout);
     ASSERT_TRUE(size.ok()) << size.status().to_string();
     EXPECT_EQ(*size, 64u);
-    EXPECT_EQ(find_mismatch(into.span(), 7), std::nullopt);
+    EXPECT_EQ(find_mismatch(bytes(into).span(), 7), std::nullopt);
   }
   EXPECT_EQ(owner_->next_notification(50ms).status().code(), StatusCode::kDeadlineExceeded);
 }
@@ -1144,7 +1156,7 @@ TEST_P(ConformanceTest, EndpointPassesHandlesInOrder) {
   // The handle works: read through it.
   LocalMemory got = allocate(100);
   EXPECT_TRUE(reader_->read_into(*first, got).ok());
-  EXPECT_EQ(std::memcmp(got.data(), a.memory.data(), 100), 0);
+  EXPECT_EQ(std::memcmp(bytes(got).data(), bytes(a.memory).data(), 100), 0);
   EXPECT_EQ(sender->receive_buffer(50ms).status().code(), StatusCode::kDeadlineExceeded);
 }
 
@@ -1168,7 +1180,7 @@ TEST_P(ConformanceTest, EndpointLentMemoryIsUsableUntilItsLeaseEnds) {
   std::this_thread::sleep_until(granted_at + 600ms);
   LocalMemory back = allocate(64 << 10);
   ASSERT_TRUE(reader_->read_into(lease->buffer, back).ok()) << "renewed, yet gone";
-  EXPECT_FALSE(find_mismatch(back.span(), 5));
+  EXPECT_FALSE(find_mismatch(bytes(back).span(), 5));
   // Not renewed again: reclaimed at its end (the lender releases it), and
   // refused from then on. (An op racing the release: see
   // ReleaseWhileAnOpIsInFlightEndsItSoon.)

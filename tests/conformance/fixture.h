@@ -6,7 +6,11 @@
 // test fails, so that a run meant to exercise that backend (the Soft-RoCE
 // VM's) cannot pass having tested nothing.
 //
-// Adding a backend to the suite is one line: its name in backends_under_test().
+// Each test runs for every backend with host memory (Backends/...), and
+// again with GPU memory on either side and both (Gpu/...: the test CUDA
+// driver, tests/helpers/gpu.h).
+//
+// Adding a backend to the suite is one line: its name in backend_names().
 #pragma once
 
 #include <gtest/gtest.h>
@@ -22,6 +26,7 @@
 
 #include "rdmabuf/rdmabuf.h"
 #include "tests/helpers/backend_detail.h"
+#include "tests/helpers/gpu.h"
 #include "tests/helpers/pattern.h"
 #include "tests/helpers/printers.h"
 #include "tests/helpers/sanitizer.h"
@@ -36,12 +41,40 @@ using testing::find_mismatch;
 using testing::find_not;
 using testing::ScopedIgnoreReads;
 
-inline std::vector<std::string> backends_under_test() {
+inline std::vector<std::string> backend_names() {
   return {
       "memory",
       "ibverbs",
       "tcp",
   };
+}
+
+// What one instantiation runs: a backend, and where the reader's memory
+// (`local`) and the owner's buffers (`remote`) are: host memory, or GPU
+// memory (through the test CUDA driver, tests/helpers/gpu.h, unless
+// RDMABUF_TEST_REAL_GPU=1 runs on a real one).
+struct Setup {
+  std::string backend;
+  MemoryKind local = MemoryKind::kHost;
+  MemoryKind remote = MemoryKind::kHost;
+};
+
+inline std::vector<Setup> backends_under_test() {
+  std::vector<Setup> setups;
+  for (const std::string& name : backend_names())
+    setups.push_back({name});
+  return setups;
+}
+
+// Every backend with GPU memory on the reader's side, the owner's, and both.
+inline std::vector<Setup> gpu_setups_under_test() {
+  std::vector<Setup> setups;
+  for (const std::string& name : backend_names()) {
+    setups.push_back({name, MemoryKind::kCuda, MemoryKind::kHost});
+    setups.push_back({name, MemoryKind::kHost, MemoryKind::kCuda});
+    setups.push_back({name, MemoryKind::kCuda, MemoryKind::kCuda});
+  }
+  return setups;
 }
 
 // Whether RDMABUF_TEST_REQUIRE_BACKENDS names `backend`.
@@ -54,31 +87,22 @@ inline bool required_here(const std::string& backend) {
   return false;
 }
 
-// Names each instantiation after its backend: Backends/Suite.Test/memory.
-inline std::string backend_name(const ::testing::TestParamInfo<std::string>& info) {
-  return info.param;
+// Names each instantiation: Backends/Suite.Test/memory, Gpu/Suite.Test/tcp_gpu_local.
+inline std::string backend_name(const ::testing::TestParamInfo<Setup>& info) {
+  const Setup& s = info.param;
+  if (s.local == MemoryKind::kHost && s.remote == MemoryKind::kHost) return s.backend;
+  if (s.remote == MemoryKind::kHost) return s.backend + "_gpu_local";
+  if (s.local == MemoryKind::kHost) return s.backend + "_gpu_remote";
+  return s.backend + "_gpu_both";
+}
+
+inline void PrintTo(const Setup& s, std::ostream* os) {
+  *os << s.backend << " (local " << memory_kind_name(s.local) << ", remote "
+      << memory_kind_name(s.remote) << ")";
 }
 
 inline constexpr auto kTimeout = 30s;  // generous: a loaded CI machine must not flake
 inline constexpr std::byte kSentinel{0xCD};
-
-inline LocalMemory allocate(size_t size) {
-  auto m = LocalMemory::allocate(size);
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return m.ok() ? *m : LocalMemory();
-}
-
-inline LocalMemory with_pattern(size_t size, uint64_t seed, uint64_t start = 0) {
-  LocalMemory m = allocate(size);
-  fill_pattern(m.span(), seed, start);
-  return m;
-}
-
-inline LocalMemory with_sentinel(size_t size) {
-  LocalMemory m = allocate(size);
-  std::memset(m.data(), static_cast<int>(kSentinel), size);
-  return m;
-}
 
 inline LocalMemory slice(const LocalMemory& m, size_t offset, size_t length) {
   auto s = m.slice(offset, length);
@@ -98,9 +122,14 @@ inline std::vector<Op> one(Op op) {
   return ops;
 }
 
-class ConformanceTest : public ::testing::TestWithParam<std::string> {
+class ConformanceTest : public ::testing::TestWithParam<Setup> {
  protected:
-  const std::string& backend() const { return GetParam(); }
+  const std::string& backend() const { return GetParam().backend; }
+  MemoryKind local_kind() const { return GetParam().local; }
+  MemoryKind remote_kind() const { return GetParam().remote; }
+  bool gpu_setup() const {
+    return local_kind() == MemoryKind::kCuda || remote_kind() == MemoryKind::kCuda;
+  }
 
   Config config() const {
     Config c;
@@ -117,6 +146,10 @@ class ConformanceTest : public ::testing::TestWithParam<std::string> {
   }
 
   void SetUp() override {
+    if (gpu_setup()) {
+      Status gpu = testing::use_test_gpu();
+      ASSERT_TRUE(gpu.ok()) << "no GPU memory for this setup: " << gpu.to_string();
+    }
     owner_ = make();
     ASSERT_NE(owner_, nullptr);
     bool listed = false;
@@ -137,13 +170,27 @@ class ConformanceTest : public ::testing::TestWithParam<std::string> {
     ASSERT_NE(reader_, nullptr);
   }
 
+  // Memory of the reader's kind (the setup's `local`): zero-filled, of
+  // pattern `seed`, or of kSentinel bytes.
+  LocalMemory allocate(size_t size) const { return testing::allocate_of(local_kind(), size); }
+  LocalMemory with_pattern(size_t size, uint64_t seed, uint64_t start = 0) const {
+    return testing::with_pattern_of(local_kind(), size, seed, start);
+  }
+  LocalMemory with_sentinel(size_t size) const {
+    return testing::filled_of(local_kind(), size, kSentinel);
+  }
+  // A copy of any memory's bytes in host memory, to check them: use
+  // bytes(m).span() where host memory would use m.span().
+  static testing::HostBytes bytes(const LocalMemory& m) { return testing::HostBytes(m); }
+
   struct Owned {
     LocalMemory memory;
     RemoteBuffer handle;
   };
-  // A buffer of `size` bytes of pattern `seed`, registered with `owner`.
+  // A buffer of `size` bytes of pattern `seed`, of the owner's kind (the
+  // setup's `remote`), registered with `owner`.
   Owned own(size_t size, uint64_t seed, Manager* owner = nullptr) {
-    Owned o{with_pattern(size, seed), {}};
+    Owned o{testing::with_pattern_of(remote_kind(), size, seed), {}};
     auto h = (owner ? owner : owner_.get())->register_buffer(o.memory);
     EXPECT_TRUE(h.ok()) << h.status().to_string();
     if (h.ok()) o.handle = *h;
@@ -153,7 +200,7 @@ class ConformanceTest : public ::testing::TestWithParam<std::string> {
   // The owner's memory, read in this thread after remote writes (sanitizer.h).
   static std::vector<std::byte> snapshot(const LocalMemory& m) {
     ScopedIgnoreReads quiet;
-    return std::vector<std::byte>(m.data(), m.data() + m.size());
+    return testing::HostBytes(m).vector();
   }
 
   std::unique_ptr<Manager> owner_;

@@ -34,6 +34,7 @@ std::unique_ptr<TestPeer> TestPeer::start(const Options& options, std::string* e
     args.push_back("--listen");
     args.push_back(options.listen);
   }
+  if (options.gpu) args.push_back("--gpu");
   std::unique_ptr<TestPeer> peer(new TestPeer());
   peer->specs_ = options.buffers;
   peer->process_ = Subprocess::spawn(test_peer_path(), args, options.env, error);

@@ -27,6 +27,9 @@ class TestPeer {
     std::vector<std::string> env;
     // --listen; empty for the default (127.0.0.1:0).
     std::string listen;
+    // --gpu: its memory on GPU 0 (the test driver, unless
+    // RDMABUF_TEST_REAL_GPU=1; see gpu.h).
+    bool gpu = false;
   };
 
   // Starts a peer and reads its address and handles. Null, with `*error`

@@ -1,7 +1,10 @@
 // rdmabuf_test_peer: the owner process that integration tests spawn.
 //
-//   rdmabuf_test_peer [--buffer SIZE[:SEED]]... [--listen HOST:PORT]
+//   rdmabuf_test_peer [--gpu] [--buffer SIZE[:SEED]]... [--listen HOST:PORT]
 //
+// With --gpu its buffers, and the memory it reads into and writes from, are
+// on GPU 0 (the driver RDMABUF_CUDA_DRIVER names, as tests/helpers/gpu.h
+// sets it); the commands that look at bytes copy them to host memory first.
 // Creates a Manager from the RDMABUF_* environment (so a test can set, e.g.,
 // RDMABUF_MAX_CONNECTIONS), with --listen overriding the listen address.
 // Registers one buffer per --buffer (SIZE accepts K/M/G; SEED defaults to
@@ -71,6 +74,7 @@
 
 #include "common/crc32c.h"
 #include "rdmabuf/rdmabuf.h"
+#include "tests/helpers/gpu.h"
 #include "tests/helpers/pattern.h"
 #include "tests/helpers/sanitizer.h"
 
@@ -83,6 +87,9 @@ struct Buffer {
   LocalMemory memory;
   RemoteBuffer handle;
 };
+
+// Where this peer's memory is (--gpu).
+rdmabuf::MemoryKind g_kind = rdmabuf::MemoryKind::kHost;
 
 void say(const std::string& line) {
   std::string out = line + "\n";
@@ -103,18 +110,18 @@ void say(const std::string& line) {
 
 bool add_buffer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, uint64_t size,
                 uint64_t seed, std::string* error) {
-  auto memory = LocalMemory::allocate(size);
-  if (!memory.ok()) {
-    *error = memory.status().to_string();
+  auto memory = rdmabuf::testing::with_pattern_of(g_kind, size, seed);
+  if (!memory.data()) {
+    *error = "cannot allocate " + std::to_string(size) + " bytes of " +
+             rdmabuf::memory_kind_name(g_kind) + " memory";
     return false;
   }
-  rdmabuf::testing::fill_pattern(memory->span(), seed);
-  auto handle = manager.register_buffer(*memory);
+  auto handle = manager.register_buffer(memory);
   if (!handle.ok()) {
     *error = handle.status().to_string();
     return false;
   }
-  buffers.push_back(Buffer{*memory, *handle});
+  buffers.push_back(Buffer{memory, *handle});
   return true;
 }
 
@@ -221,32 +228,37 @@ std::string answer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, cons
     if (cmd == "write" && !(in >> seed)) return "error usage: write TEXT SEED";
     auto handle = RemoteBuffer::from_text(text);
     if (!handle.ok()) return "error " + handle.status().to_string();
-    auto local = LocalMemory::allocate(handle->size());
-    if (!local.ok()) return "error " + local.status().to_string();
-    if (cmd == "write") rdmabuf::testing::fill_pattern(local->span(), seed);
+    LocalMemory local = cmd == "write"
+                            ? rdmabuf::testing::with_pattern_of(g_kind, handle->size(), seed)
+                            : rdmabuf::testing::allocate_of(g_kind, handle->size());
+    if (!local.data()) return "error cannot allocate the local memory";
     std::vector<rdmabuf::Op> ops;
-    ops.push_back(cmd == "read" ? rdmabuf::Op::read(*handle, *local)
-                                : rdmabuf::Op::write(*handle, *local));
+    ops.push_back(cmd == "read" ? rdmabuf::Op::read(*handle, local)
+                                : rdmabuf::Op::write(*handle, local));
     rdmabuf::Transfer t = manager.submit(std::move(ops), std::chrono::seconds(30));
     rdmabuf::Status st = t.wait();
     if (!st.ok()) return "error " + st.to_string();
     if (cmd == "write") return "ok " + std::string(t.op_backend(0));
     char text_crc[32];
+    const rdmabuf::testing::HostBytes got(local);
     std::snprintf(text_crc, sizeof text_crc, "crc %08" PRIx32,
-                  rdmabuf::crc32c(local->data(), local->size()));
+                  rdmabuf::crc32c(got.data(), got.size()));
     return text_crc + std::string(" ") + std::string(t.op_backend(0));
   }
   if (cmd == "fill") {
     if (!(in >> index >> seed) || index >= buffers.size()) return "error usage: fill I SEED";
     rdmabuf::testing::ScopedIgnoreAccesses quiet;
-    rdmabuf::testing::fill_pattern(buffers[index].memory.span(), seed);
+    std::vector<std::byte> bytes(buffers[index].memory.size());
+    rdmabuf::testing::fill_pattern(bytes, seed);
+    rdmabuf::testing::put_bytes(buffers[index].memory, 0, bytes);
     return "ok";
   }
   if (!parse_range(in, buffers, &index, &offset, &length)) return "error bad range";
   // Remote writes landed here through the manager's threads and a socket;
   // see sanitizer.h.
   rdmabuf::testing::ScopedIgnoreReads quiet;
-  std::span<const std::byte> range(buffers[index].memory.data() + offset, length);
+  const rdmabuf::testing::HostBytes held(buffers[index].memory);
+  std::span<const std::byte> range = held.span().subspan(offset, length);
   if (cmd == "crc") {
     char text[32];
     std::snprintf(text, sizeof text, "crc %08" PRIx32, rdmabuf::crc32c(range.data(), range.size()));
@@ -288,9 +300,15 @@ int main(int argc, char** argv) {
       specs.push_back(Spec{*size, seed});
     } else if (arg == "--listen" && i + 1 < argc) {
       listen = argv[++i];
+    } else if (arg == "--gpu") {
+      g_kind = rdmabuf::MemoryKind::kCuda;
     } else {
-      die("usage: rdmabuf_test_peer [--buffer SIZE[:SEED]]... [--listen HOST:PORT]");
+      die("usage: rdmabuf_test_peer [--gpu] [--buffer SIZE[:SEED]]... [--listen HOST:PORT]");
     }
+  }
+  if (g_kind == rdmabuf::MemoryKind::kCuda) {
+    rdmabuf::Status gpu = rdmabuf::testing::use_test_gpu();
+    if (!gpu.ok()) die("--gpu: " + gpu.to_string());
   }
 
   // RDMABUF_TEST_NONDUMPABLE=1: other processes of this user may not

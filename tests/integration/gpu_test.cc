@@ -1,0 +1,161 @@
+// GPU memory between processes: an owner whose buffers are on a GPU, in a
+// process of its own (rdmabuf_test_peer --gpu), read and written from GPU
+// and host memory here over each same-host backend; and the memory
+// backend's CUDA IPC mappings, opened once per allocation and closed once
+// the owner released every buffer in it (the test driver counts them).
+// On CI the GPU is the test driver's (tests/helpers/gpu.h).
+#include <dlfcn.h>
+
+#include <cstdlib>
+
+#include "common/crc32c.h"
+#include "tests/helpers/gpu.h"
+#include "tests/integration/integration.h"
+
+namespace rdmabuf::testing {
+namespace {
+
+constexpr size_t kSize = 8 << 20;
+
+std::unique_ptr<TestPeer> start_gpu_peer(std::vector<TestPeer::BufferSpec> buffers) {
+  TestPeer::Options options;
+  options.buffers = std::move(buffers);
+  options.gpu = true;
+  std::string error;
+  auto peer = TestPeer::start(options, &error);
+  if (!peer) ADD_FAILURE() << "cannot start rdmabuf_test_peer --gpu: " << error;
+  return peer;
+}
+
+// How many IPC handles this process has open, as the test driver counts
+// them; -1 on a real GPU (it does not say).
+int open_ipc_handles() {
+  const char* path = std::getenv("RDMABUF_CUDA_DRIVER");
+  void* driver = path ? ::dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+  if (!driver) return -1;
+  auto count = reinterpret_cast<int (*)()>(::dlsym(driver, "fake_cuda_open_ipc_handles"));
+  const int open = count ? count() : -1;
+  ::dlclose(driver);
+  return open;
+}
+
+class GpuPeerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    Status gpu = use_test_gpu();
+    ASSERT_TRUE(gpu.ok()) << gpu.to_string();
+    reader_ = make_manager([&](Config& c) { c.backends = {GetParam()}; });
+    ASSERT_NE(reader_, nullptr);
+  }
+  std::unique_ptr<Manager> reader_;
+};
+
+TEST_P(GpuPeerTest, EveryMixOfHostAndGpuMemoryMovesIntact) {
+  auto peer = start_gpu_peer({{kSize, 5}});
+  ASSERT_NE(peer, nullptr);
+  for (MemoryKind kind : {MemoryKind::kHost, MemoryKind::kCuda}) {
+    SCOPED_TRACE(std::string("local memory: ") + memory_kind_name(kind));
+    LocalMemory dst = allocate_of(kind, kSize);
+    Transfer t = reader_->submit({Op::read(peer->handle(0), dst)}, kTimeout);
+    ASSERT_TRUE(t.wait().ok()) << t.status().to_string();
+    EXPECT_EQ(t.op_backend(0), GetParam()) << t.op_note(0);
+    EXPECT_EQ(find_mismatch(HostBytes(dst).span(), 5), std::nullopt);
+    // A write of a slice, checked by the owner.
+    LocalMemory src = with_pattern_of(kind, 3 << 20, 77, 4096);
+    ASSERT_TRUE(reader_->write_from(slice(peer->handle(0), 4096, 3 << 20), src, kTimeout).ok());
+    EXPECT_EQ(peer->check(0, 4096, 3 << 20, 77, 4096), "ok");
+    EXPECT_EQ(peer->check(0, 0, 4096, 5, 0), "ok") << "bytes before the slice changed";
+    ASSERT_EQ(peer->command("fill 0 5"), "ok");
+  }
+}
+
+TEST_P(GpuPeerTest, TheOwnerReadsOurGpuBufferIntoItsGpu) {
+  auto peer = start_gpu_peer({});
+  ASSERT_NE(peer, nullptr);
+  LocalMemory mine = with_pattern_of(MemoryKind::kCuda, kSize, 31);
+  auto handle = reader_->register_buffer(mine);
+  ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+  const HostBytes expected(mine);
+  EXPECT_EQ(peer->command("read " + handle->to_text()),
+            crc_line(expected.data(), expected.size()) + " " + GetParam());
+  EXPECT_EQ(peer->command("write " + handle->to_text() + " 32").rfind("ok ", 0), 0u);
+  EXPECT_EQ(find_mismatch(HostBytes(mine).span(), 32), std::nullopt);
+  ASSERT_TRUE(reader_->release(*handle).ok());
+  EXPECT_EQ(peer->command("read " + handle->to_text()).rfind("error NotFound", 0), 0u);
+}
+
+TEST_P(GpuPeerTest, ReleasedGpuBufferIsNotFound) {
+  auto peer = start_gpu_peer({{1 << 20, 8}});
+  ASSERT_NE(peer, nullptr);
+  LocalMemory dst = filled_of(MemoryKind::kCuda, 1 << 20, kSentinel);
+  ASSERT_TRUE(reader_->read_into(peer->handle(0), dst, kTimeout).ok());
+  ASSERT_EQ(peer->release(0), "ok");
+  LocalMemory again = filled_of(MemoryKind::kCuda, 1 << 20, kSentinel);
+  EXPECT_EQ(reader_->read_into(peer->handle(0), again, kTimeout).code(), StatusCode::kNotFound);
+  EXPECT_EQ(find_not(HostBytes(again).span(), kSentinel), std::nullopt);
+}
+
+INSTANTIATE_TEST_SUITE_P(SameHost, GpuPeerTest, ::testing::Values("memory", "tcp"),
+                         [](const auto& param) { return param.param; });
+
+class GpuIpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Status gpu = use_test_gpu();
+    ASSERT_TRUE(gpu.ok()) << gpu.to_string();
+    if (open_ipc_handles() < 0) GTEST_SKIP() << "counting IPC handles needs the test driver";
+    reader_ = make_manager([](Config& c) { c.backends = {"memory"}; });
+    ASSERT_NE(reader_, nullptr);
+  }
+  void read(TestPeer& peer, size_t i) {
+    LocalMemory dst = allocate_of(MemoryKind::kCuda, peer.spec(i).size);
+    Transfer t = reader_->submit({Op::read(peer.handle(i), dst)}, kTimeout);
+    ASSERT_TRUE(t.wait().ok()) << t.status().to_string();
+    ASSERT_EQ(t.op_backend(0), "memory") << t.op_note(0);
+  }
+  std::unique_ptr<Manager> reader_;
+};
+
+TEST_F(GpuIpcTest, AnAllocationIsOpenedOnceAndClosedOnceItsBuffersAreReleased) {
+  auto peer = start_gpu_peer({{1 << 20, 1}, {1 << 20, 2}});  // two allocations
+  ASSERT_NE(peer, nullptr);
+  read(*peer, 0);
+  read(*peer, 0);
+  EXPECT_EQ(open_ipc_handles(), 1) << "opened once, then reused";
+  // Buffer 2: buffer 0's memory registered again, in the same allocation.
+  const std::string alias = peer->command("alias 0");
+  ASSERT_EQ(alias.rfind("handle 2 ", 0), 0u) << alias;
+  auto handle = RemoteBuffer::from_text(alias.substr(9));
+  ASSERT_TRUE(handle.ok());
+  LocalMemory dst = allocate_of(MemoryKind::kCuda, 1 << 20);
+  ASSERT_TRUE(reader_->read_into(*handle, dst, kTimeout).ok());
+  EXPECT_EQ(open_ipc_handles(), 1) << "a second buffer in the allocation shares its mapping";
+  read(*peer, 1);
+  EXPECT_EQ(open_ipc_handles(), 2);
+  // Released, buffer 0's allocation stays open while its alias lives.
+  ASSERT_EQ(peer->release(0), "ok");
+  read(*peer, 1);
+  EXPECT_EQ(open_ipc_handles(), 2);
+  ASSERT_EQ(peer->release(2), "ok");
+  read(*peer, 1);  // the next copy from that owner closes what it no longer needs
+  EXPECT_EQ(open_ipc_handles(), 1);
+  ASSERT_EQ(peer->release(1), "ok");
+  EXPECT_EQ(reader_->read_into(peer->handle(1), dst, kTimeout).code(), StatusCode::kNotFound);
+  EXPECT_EQ(open_ipc_handles(), 0);
+}
+
+TEST_F(GpuIpcTest, AnOwnerThatExitedFailsOpsAndItsMappingsClose) {
+  auto peer = start_gpu_peer({{1 << 20, 1}});
+  ASSERT_NE(peer, nullptr);
+  read(*peer, 0);
+  EXPECT_EQ(open_ipc_handles(), 1);
+  ASSERT_TRUE(peer->exit());
+  LocalMemory dst = allocate_of(MemoryKind::kCuda, 1 << 20);
+  Status st = reader_->read_into(peer->handle(0), dst, kTimeout);
+  EXPECT_FALSE(st.ok());
+  reader_.reset();  // the owner's view goes with the manager
+  EXPECT_EQ(open_ipc_handles(), 0);
+}
+
+}  // namespace
+}  // namespace rdmabuf::testing
