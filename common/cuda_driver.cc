@@ -130,6 +130,13 @@ GpuSupport gpu_support() {
   return support;
 }
 
+Status synchronize_stream(int device, uintptr_t stream) {
+  RDMABUF_ASSIGN_OR_RETURN(const cuda::Driver* driver, cuda::Driver::get());
+  RDMABUF_RETURN_IF_ERROR(driver->use_device(device));
+  return driver->check(driver->cuStreamSynchronize(reinterpret_cast<cuda::CUstream>(stream)),
+                       "cuStreamSynchronize");
+}
+
 }  // namespace rdmabuf
 
 namespace rdmabuf::cuda {

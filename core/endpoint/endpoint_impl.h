@@ -208,7 +208,10 @@ class EndpointImpl final : public NoticeTaker {
 
   // --- receives (receives.cc) ---
   Result<uint64_t> post_receive(const LocalMemory& into, RemoteBuffer handle,
-                                std::span<const uint8_t> handle_bytes);
+                                std::span<const uint8_t> handle_bytes, const LocalMemory& bounce);
+  // Registers `into` for a one-sided message; GPU memory that no transport
+  // reaches gets a host `bounce` of its size registered instead.
+  Result<RemoteBuffer> register_receive(const LocalMemory& into, LocalMemory& bounce);
   Status answer_handle_request(uint64_t id, uint64_t seq);
 
   // --- writing (writing.cc) ---

@@ -30,11 +30,16 @@ namespace rdmabuf::endpoint {
 
 struct Receive {
   LocalMemory into;
-  RemoteBuffer handle;     // `into`, registered, once a message may need it
+  RemoteBuffer handle;  // `into`, registered, once a message may need it
+  // GPU memory no transport here reaches (register_receive): `handle` is
+  // this host memory's, and a one-sided message is copied to `into` from it
+  // once it has landed.
+  LocalMemory bounce;
   bool abandoned = false;  // given up unanswered: drop the answer
   bool withdrawn = false;  // timed out: its memory is not the peer's any more
   bool answered = false;
-  Status status;  // kSent: OK; kTooLarge: InvalidArgument; kNotTaken: DeadlineExceeded
+  bool written = false;  // the message came by one-sided write (kSent), not in frames
+  Status status;         // kSent: OK; kTooLarge: InvalidArgument; kNotTaken: DeadlineExceeded
   uint64_t size = 0;
   // A message coming in kSentPart frames: its size, and the bytes come.
   uint64_t parts_size = 0;
@@ -46,20 +51,24 @@ struct Receive {
   void reset() {
     into = LocalMemory();
     if (handle.valid()) handle = RemoteBuffer();
+    if (bounce.data()) bounce = LocalMemory();
     if (!status.ok()) status = Status();
-    abandoned = withdrawn = answered = false;
+    abandoned = withdrawn = answered = written = false;
     size = parts_size = parts_came = 0;
   }
 };
 
 class ReceiveTable {
  public:
-  // Posts `into` (with its `handle`, when registered): its sequence number.
-  uint64_t add(const StateLock&, const LocalMemory& into, RemoteBuffer handle) {
+  // Posts `into` (with its `handle`, when registered, and the `bounce`
+  // memory the handle is of, if any): its sequence number.
+  uint64_t add(const StateLock&, const LocalMemory& into, RemoteBuffer handle,
+               const LocalMemory& bounce) {
     const uint64_t seq = next_seq_++;
     Receive& posted = slots_.add(seq);
     posted.into = into;
     if (handle.valid()) posted.handle = std::move(handle);  // a slot starts without one
+    if (bounce.data()) posted.bounce = bounce;
     return seq;
   }
   Receive* find(const StateLock&, uint64_t seq) { return slots_.find(seq); }
@@ -96,6 +105,7 @@ class ReceiveTable {
       return ProtocolError("the peer says it sent more than the receive holds");
     }
     receive.answered = true;
+    receive.written = type == Frame::kSent;
     receive.size = answer.size;
     // The next receives register when posted while messages are large.
     if (message) register_when_posted_.store(type == Frame::kSent, std::memory_order_relaxed);

@@ -3,6 +3,7 @@
 // waiting reads the channel until the peer's answer came (progress.cc); a
 // receive that times out is withdrawn, and its memory is not the peer's
 // once the wait returns.
+#include "common/cuda_driver.h"
 #include "core/endpoint/endpoint_impl.h"
 
 namespace rdmabuf {
@@ -20,17 +21,29 @@ Result<uint64_t> EndpointImpl::post_receive(const LocalMemory& into) {
   // frame (else when the sender asks: kHandleWanted).
   if (into.size() > endpoint::kInlineLimit && receives_.register_when_posted()) [[unlikely]] {
     RDMABUF_RETURN_IF_ERROR(usable());
-    RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer handle, host_.register_buffer(into));
+    LocalMemory bounce;
+    RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer handle, register_receive(into, bounce));
     const std::vector<uint8_t> handle_bytes = handle.to_bytes();
-    return post_receive(into, std::move(handle), handle_bytes);
+    return post_receive(into, std::move(handle), handle_bytes, bounce);
   }
-  return post_receive(into, RemoteBuffer(), {});
+  return post_receive(into, RemoteBuffer(), {}, LocalMemory());
+}
+
+Result<RemoteBuffer> EndpointImpl::register_receive(const LocalMemory& into, LocalMemory& bounce) {
+  auto registered = host_.register_buffer(into);
+  if (registered.ok() || !into.on_gpu()) return registered;
+  // GPU memory that this manager's transports cannot reach (an RDMA NIC
+  // without dma-buf or peer memory, and no other transport): the message
+  // lands in host memory, then goes to the GPU.
+  RDMABUF_ASSIGN_OR_RETURN(bounce, LocalMemory::allocate(into.size()));
+  return host_.register_buffer(bounce);
 }
 
 // post_receive() of `into`, with its `handle` (and the handle's bytes) when
 // it was registered, else an empty one.
 [[gnu::always_inline]] inline Result<uint64_t> EndpointImpl::post_receive(
-    const LocalMemory& into, RemoteBuffer handle, std::span<const uint8_t> handle_bytes) {
+    const LocalMemory& into, RemoteBuffer handle, std::span<const uint8_t> handle_bytes,
+    const LocalMemory& bounce) {
   uint64_t seq;
   bool full = false;
   const bool frames_lock_is_state_lock = !channel_.writes_may_wait();
@@ -42,7 +55,7 @@ Result<uint64_t> EndpointImpl::post_receive(const LocalMemory& into) {
       if (handle.valid()) host_.release(handle).ignore();
       return why;
     }
-    seq = receives_.add(lock, into, std::move(handle));
+    seq = receives_.add(lock, into, std::move(handle), bounce);
     // With the next frame, or by a wait (see hold_credit).
     if (frames_lock_is_state_lock) full = hold_credit(seq, into.size(), handle_bytes);
   }
@@ -97,10 +110,16 @@ Result<uint64_t> EndpointImpl::wait_receive(uint64_t seq, std::chrono::milliseco
   }
   const uint64_t size = receive.size;
   const RemoteBuffer handle = std::move(receive.handle);
+  const LocalMemory into = receive.into;
+  const LocalMemory bounce = receive.written ? std::move(receive.bounce) : LocalMemory();
   receives_.erase(lock, seq);
   lock.unlock();
   if (handle.valid()) host_.release(handle).ignore();  // NotFound when withdrawn
   if (!status.ok()) return status;
+  // Written into the bounce memory: now to the GPU (frames went there direct).
+  if (bounce.data() && size > 0) {
+    RDMABUF_RETURN_IF_ERROR(cuda::copy_into(into, 0, bounce.data(), size));
+  }
   return size;
 }
 
@@ -150,7 +169,8 @@ Status EndpointImpl::answer_handle_request(uint64_t id, uint64_t seq) {
                          ", which only an inline message fits");
   }
   if (!handle.valid()) {
-    auto registered = host_.register_buffer(into);
+    LocalMemory bounce;
+    auto registered = register_receive(into, bounce);
     if (!registered.ok()) return refuse(registered.status());
     handle = std::move(registered).value();
     bool kept = false;
@@ -159,6 +179,7 @@ Status EndpointImpl::answer_handle_request(uint64_t id, uint64_t seq) {
       endpoint::Receive* receive = receives_.open(lock, seq);
       if (receive != nullptr && !receive->handle.valid()) {
         receive->handle = handle;  // released when the receive ends
+        receive->bounce = bounce;
         kept = true;
       }
     }

@@ -30,4 +30,12 @@ struct GpuSupport {
 // machine with GPUs) and says what it found.
 GpuSupport gpu_support();
 
+// Waits until the work queued so far on CUDA stream `stream` of GPU `device`
+// has finished: a CUstream, or 1 and 2 for the legacy and the per-thread
+// default streams (as __cuda_array_interface__ and DLPack number them).
+// rdmabuf copies GPU memory on streams of its own, so memory that kernels
+// on another stream are still writing must be waited for first; the Python
+// package does this for the tensors it is given (docs/gpu.md).
+Status synchronize_stream(int device, uintptr_t stream);
+
 }  // namespace rdmabuf

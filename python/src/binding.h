@@ -69,11 +69,18 @@ class PyLocal {
   ~PyLocal() { reset(); }
 
   // Accepts a 1-D C-contiguous object that exports the buffer protocol
-  // (ndarray, memoryview, bytearray, bytes when !writable) or a 1-D
-  // contiguous CPU torch.Tensor. `what` names the argument in messages.
-  // TypeError for other types; ValueError (InvalidArgumentError) for data
-  // that is not 1-D, not contiguous, read-only when `writable`, or holds
-  // Python objects; UnimplementedError for tensors not on the CPU.
+  // (ndarray, memoryview, bytearray, bytes when !writable), a 1-D
+  // contiguous torch.Tensor on the CPU or a CUDA GPU, or any 1-D contiguous
+  // GPU array that offers __cuda_array_interface__ or DLPack (CuPy, JAX,
+  // Numba). `what` names the argument in messages. TypeError for other
+  // types; ValueError (InvalidArgumentError) for data that is not 1-D, not
+  // contiguous, read-only when `writable`, or holds Python objects;
+  // UnimplementedError for tensors on other devices (meta, mps, ...).
+  //
+  // GPU memory: the work already queued on the object's stream (a torch
+  // tensor's current stream; the stream __cuda_array_interface__ names;
+  // the legacy default stream DLPack was asked to order it on) is waited
+  // for here, with the GIL released, so the transfer sees it done.
   static PyLocal acquire(py::handle obj, bool writable, const char* what);
 
   const LocalMemory& memory() const { return memory_; }
@@ -82,11 +89,23 @@ class PyLocal {
   void reset();
 
  private:
+  // GPU objects (gpu_local.cc): false when `obj` is none of them.
+  static bool acquire_cuda_array(py::handle obj, bool writable, const char* what, PyLocal& local);
+  static bool acquire_dlpack(py::handle obj, bool writable, const char* what, PyLocal& local);
+
   LocalMemory memory_;
   Py_buffer view_{};
   bool has_view_ = false;
   py::object keep_;
+  // A DLPack tensor taken from its capsule: its deleter runs on reset().
+  void* dlpack_ = nullptr;
 };
+
+// The memory of a CUDA torch tensor's data (its checks done), once the work
+// queued on its current stream has finished (gpu_local.cc).
+LocalMemory torch_cuda_memory(py::handle tensor, uintptr_t data, uint64_t nbytes, const char* what);
+// Runs the deleter of a DLPack tensor PyLocal took (null: nothing). GIL held.
+void release_dlpack(void* managed);
 
 // --- Completions to an event loop -------------------------------------------
 

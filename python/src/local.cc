@@ -62,6 +62,7 @@ PyLocal& PyLocal::operator=(PyLocal&& other) noexcept {
     has_view_ = std::exchange(other.has_view_, false);
     other.view_ = Py_buffer{};
     keep_ = std::move(other.keep_);
+    dlpack_ = std::exchange(other.dlpack_, nullptr);
     other.memory_ = LocalMemory();
   }
   return *this;
@@ -72,6 +73,8 @@ void PyLocal::reset() {
     PyBuffer_Release(&view_);
     has_view_ = false;
   }
+  release_dlpack(dlpack_);
+  dlpack_ = nullptr;
   keep_ = py::object();
   memory_ = LocalMemory();
 }
@@ -112,11 +115,12 @@ PyLocal PyLocal::acquire(py::handle obj, bool writable, const char* what) {
 
   const Torch* torch = torch_types();
   if (torch && PyObject_IsInstance(o, torch->tensor) == 1) {
-    if (!obj.attr("is_cpu").cast<bool>()) {
+    const bool cuda = obj.attr("is_cuda").cast<bool>();
+    if (!cuda && !obj.attr("is_cpu").cast<bool>()) {
       const std::string device = py::str(obj.attr("device").attr("type"));
       raise_code(StatusCode::kUnimplemented,
                  std::string(what) + " is a " + device +
-                     " tensor; rdmabuf supports CPU memory only for now (copy it with .cpu())");
+                     " tensor; rdmabuf takes CPU and CUDA tensors (copy it with .cpu())");
     }
     if (obj.attr("layout").ptr() != torch->strided) {
       raise_code(StatusCode::kInvalidArgument, std::string(what) + " is a " +
@@ -137,14 +141,18 @@ PyLocal PyLocal::acquire(py::handle obj, bool writable, const char* what) {
     const auto nbytes =
         obj.attr("numel")().cast<uint64_t>() * obj.attr("element_size")().cast<uint64_t>();
     const auto ptr = obj.attr("data_ptr")().cast<uintptr_t>();
-    local.memory_ = LocalMemory(reinterpret_cast<void*>(ptr), nbytes);
+    local.memory_ = cuda ? torch_cuda_memory(obj, ptr, nbytes, what)
+                         : LocalMemory(reinterpret_cast<void*>(ptr), nbytes);
     local.keep_ = py::reinterpret_borrow<py::object>(obj);
     return local;
   }
 
+  if (acquire_cuda_array(obj, writable, what, local)) return local;
+  if (acquire_dlpack(obj, writable, what, local)) return local;
   throw py::type_error(std::string(what) +
                        " must be a 1-D contiguous torch.Tensor, numpy.ndarray, memoryview or "
-                       "bytearray (any object with the buffer protocol), not " +
+                       "bytearray (any object with the buffer protocol), or a GPU array with "
+                       "__cuda_array_interface__ or DLPack, not " +
                        type_name(obj));
 }
 

@@ -134,6 +134,7 @@ class ConformanceTest : public ::testing::TestWithParam<Setup> {
   Config config() const {
     Config c;
     c.backends = {backend()};
+    if (remote_kind() == MemoryKind::kCuda) c.lend_device = 0;  // endpoints lend GPU memory
     return c;
   }
 
@@ -166,6 +167,18 @@ class ConformanceTest : public ::testing::TestWithParam<Setup> {
       }
     }
     ASSERT_TRUE(listed) << "Manager::backends() does not list '" << backend() << "'";
+    if (remote_kind() == MemoryKind::kCuda) {
+      // A NIC that can reach no GPU memory (no dma-buf, no peer-memory
+      // module: Soft-RoCE) offers none; tests/integration/gpu_test.cc checks
+      // that it says why.
+      LocalMemory probe = testing::allocate_of(MemoryKind::kCuda, 4096);
+      auto offered = owner_->register_buffer(probe);
+      if (!offered.ok()) {
+        GTEST_SKIP() << "the owner offers no GPU memory over " << backend()
+                     << " here: " << offered.status().to_string();
+      }
+      ASSERT_TRUE(owner_->release(*offered).ok());
+    }
     reader_ = make();
     ASSERT_NE(reader_, nullptr);
   }

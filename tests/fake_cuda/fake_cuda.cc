@@ -2,21 +2,27 @@
 // rdmabuf calls (common/cuda_api.h), over host memory that only this
 // library's own copy functions may touch.
 //
-// "GPU memory" is a memfd mapped twice: at the device address, with no
+// "GPU memory" is a range of one memfd (the process's arena, handed out
+// front to back and never reused; a freed range gives its pages back),
+// mapped twice: at the device address, with no
 // access at all (PROT_NONE), so that any host load or store there (a stray
 // memcpy, a send() or process_vm_readv from it, an ibv_reg_mr of it) faults
 // or fails as it would on a real GPU; and once more, readable and writable,
 // where only the copy functions below go. Asynchronous copies run when their
 // stream (or an event recorded behind them) is synchronized, not before, so
 // a caller that reads a staging buffer without waiting sees stale bytes.
-// IPC handles name the memfd by owner pid and fd number; another process
-// opens it through /proc, as CUDA IPC maps the same pages. dma-buf export
+// IPC handles name the arena by owner pid and fd number, and the range in
+// it; another process opens it through /proc and maps the range, as CUDA
+// IPC maps the same pages. dma-buf export
 // goes through /dev/udmabuf where the kernel has it, and is
 // CUDA_ERROR_NOT_SUPPORTED otherwise.
 //
 // Every error it returns is also printed to stderr ("fake_cuda: ..."), so
 // misuse is loud. Environment: FAKE_CUDA_DEVICES (how many GPUs, default 1;
-// 0 means cuInit fails with CUDA_ERROR_NO_DEVICE).
+// 0 means cuInit fails with CUDA_ERROR_NO_DEVICE); FAKE_CUDA_PEER_MEMORY=1
+// maps the device view readable and writable, as a peer-memory kernel
+// module (nvidia-peermem) lets a NIC reach GPU memory by its address: then
+// ibv_reg_mr of GPU memory works, and stray host accesses no longer fault.
 #include <fcntl.h>
 #include <linux/udmabuf.h>
 #include <sys/ioctl.h>
@@ -53,8 +59,8 @@ struct Allocation {
   uintptr_t device = 0;       // the PROT_NONE view: what callers see
   std::byte* host = nullptr;  // the read-write view: only the copies use it
   size_t size = 0;
-  size_t mapped = 0;  // size rounded up to pages
-  int fd = -1;        // the memfd
+  size_t mapped = 0;    // size rounded up to pages
+  uint64_t offset = 0;  // where in its owner's arena
   int ordinal = 0;
   bool opened = false;  // by cuIpcOpenMemHandle
   int open_count = 0;   // opened: cuIpcOpenMemHandle calls not yet closed
@@ -65,7 +71,8 @@ struct Allocation {
 struct IpcHandle {
   uint64_t magic;
   int32_t pid;
-  int32_t fd;
+  int32_t fd;  // the owner's arena
+  uint64_t offset;
   uint64_t size;
   uint64_t id;
   int32_t ordinal;
@@ -91,7 +98,11 @@ struct State {
   std::map<uintptr_t, Allocation> allocations;  // by device address
   std::map<uintptr_t, size_t> pinned;           // cuMemHostAlloc: address -> size
   uint64_t next_id = 1;
+  int arena = -1;           // the memfd every allocation of this process lies in
+  uint64_t arena_used = 0;  // bytes of it handed out
 };
+
+constexpr uint64_t kArenaBytes = uint64_t{1} << 40;  // sparse: only what is written is memory
 
 State& state() {
   static State* s = new State;  // never destroyed: used until the process ends
@@ -131,11 +142,18 @@ bool touches_device_memory(uintptr_t address, size_t size) {
   return it->second.device + it->second.mapped > address;
 }
 
-// Maps the memfd twice (see the top of the file). False on failure.
-bool map_views(Allocation& a) {
-  void* device = ::mmap(nullptr, a.mapped, PROT_NONE, MAP_SHARED, a.fd, 0);
+// Maps a.mapped bytes of `fd` from a.offset twice (see the top of the
+// file). False on failure.
+bool map_views(Allocation& a, int fd) {
+  static const bool peer_memory = [] {
+    const char* v = std::getenv("FAKE_CUDA_PEER_MEMORY");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  const auto offset = static_cast<off_t>(a.offset);
+  void* device = ::mmap(nullptr, a.mapped, peer_memory ? PROT_READ | PROT_WRITE : PROT_NONE,
+                        MAP_SHARED, fd, offset);
   if (device == MAP_FAILED) return false;
-  void* host = ::mmap(nullptr, a.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
+  void* host = ::mmap(nullptr, a.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, offset);
   if (host == MAP_FAILED) {
     ::munmap(device, a.mapped);
     return false;
@@ -148,7 +166,10 @@ bool map_views(Allocation& a) {
 void unmap_views(Allocation& a) {
   ::munmap(reinterpret_cast<void*>(a.device), a.mapped);
   ::munmap(a.host, a.mapped);
-  ::close(a.fd);
+  if (!a.opened) {  // its pages go back; the range is never handed out again
+    ::fallocate(state().arena, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(a.offset), static_cast<off_t>(a.mapped));
+  }
 }
 
 // Where the copy functions read or write `size` bytes at `address`: the
@@ -177,6 +198,12 @@ CUresult copy_now(CUdeviceptr to, CUdeviceptr from, size_t bytes, const char* ca
   if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
   std::memmove(dst, src, bytes);
   return CUDA_SUCCESS;
+}
+
+// 0 (the null stream), 1 (CU_STREAM_LEGACY) and 2 (CU_STREAM_PER_THREAD):
+// their copies run at once here.
+bool is_default_stream(CUstream handle) {
+  return reinterpret_cast<uintptr_t>(handle) <= 2;
 }
 
 // Runs `stream`'s queued copies up to its `position`-th. Caller holds mu.
@@ -356,14 +383,25 @@ CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
   a.size = bytes;
   a.mapped = page_round(bytes);
   a.ordinal = current_device;
-  a.fd = ::memfd_create("fake_cuda", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (a.fd < 0 || ::ftruncate(a.fd, static_cast<off_t>(a.mapped)) != 0 ||
-      ::fcntl(a.fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 || !map_views(a)) {
-    if (a.fd >= 0) ::close(a.fd);
-    return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", std::strerror(errno));
-  }
   State& s = state();
   std::lock_guard lock(s.mu);
+  if (s.arena < 0) {
+    const int fd = ::memfd_create("fake_cuda", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(kArenaBytes)) != 0 ||
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+      if (fd >= 0) ::close(fd);
+      return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", std::strerror(errno));
+    }
+    s.arena = fd;
+  }
+  if (s.arena_used + a.mapped > kArenaBytes) {
+    return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", "the arena is spent");
+  }
+  a.offset = s.arena_used;
+  if (!map_views(a, s.arena)) {
+    return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", std::strerror(errno));
+  }
+  s.arena_used += a.mapped;
   a.id = s.next_id++;
   *pointer = a.device;
   s.allocations.emplace(a.device, a);
@@ -418,7 +456,7 @@ CUresult cuMemcpyAsync(CUdeviceptr to, CUdeviceptr from, size_t bytes, CUstream 
       !resolve(from, bytes, "cuMemcpyAsync", "source")) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (!handle) return copy_now(to, from, bytes, "cuMemcpyAsync");  // the legacy stream
+  if (is_default_stream(handle)) return copy_now(to, from, bytes, "cuMemcpyAsync");
   auto* stream = reinterpret_cast<Stream*>(handle);
   stream->pending.push_back([to, from, bytes] { copy_now(to, from, bytes, "cuMemcpyAsync"); });
   ++stream->queued;
@@ -453,7 +491,7 @@ CUresult cuStreamDestroy_v2(CUstream handle) {
 }
 
 CUresult cuStreamSynchronize(CUstream handle) {
-  if (!handle) return CUDA_SUCCESS;
+  if (is_default_stream(handle)) return CUDA_SUCCESS;  // their copies ran at once
   auto* stream = reinterpret_cast<Stream*>(handle);
   std::lock_guard lock(state().mu);
   run_until(*stream, stream->queued);
@@ -474,7 +512,7 @@ CUresult cuEventDestroy_v2(CUevent event) {
 CUresult cuEventRecord(CUevent handle, CUstream stream) {
   auto* event = reinterpret_cast<Event*>(handle);
   std::lock_guard lock(state().mu);
-  event->stream = reinterpret_cast<Stream*>(stream);
+  event->stream = is_default_stream(stream) ? nullptr : reinterpret_cast<Stream*>(stream);
   event->position = event->stream ? event->stream->queued : 0;
   return CUDA_SUCCESS;
 }
@@ -492,7 +530,9 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr pointer) {
   if (!a || a->opened) {
     return fail(CUDA_ERROR_INVALID_VALUE, "cuIpcGetMemHandle", "not memory from cuMemAlloc");
   }
-  IpcHandle h{kHandleMagic, static_cast<int32_t>(::getpid()), a->fd, a->size, a->id, a->ordinal};
+  IpcHandle h{
+      kHandleMagic, static_cast<int32_t>(::getpid()), state().arena, a->offset, a->size, a->id,
+      a->ordinal};
   std::memset(handle, 0, sizeof *handle);
   std::memcpy(handle->reserved, &h, sizeof h);
   return CUDA_SUCCESS;
@@ -520,22 +560,23 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pointer, CUipcMemHandle handle, unsi
   }
   const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
   Allocation a;
-  a.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (a.fd < 0) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
     return fail(CUDA_ERROR_INVALID_VALUE, "cuIpcOpenMemHandle",
                 path + ": " + std::strerror(errno) + " (has the owner exited?)");
   }
   a.size = h.size;
   a.mapped = page_round(h.size);
+  a.offset = h.offset;
   a.ordinal = h.ordinal;
   a.opened = true;
   a.open_count = 1;
   a.id = h.id;
   a.owner = h.pid;
-  if (!map_views(a)) {
-    ::close(a.fd);
-    return fail(CUDA_ERROR_MAP_FAILED, "cuIpcOpenMemHandle", std::strerror(errno));
-  }
+  const bool mapped = map_views(a, fd);
+  const int err = errno;
+  ::close(fd);  // the mappings keep the pages
+  if (!mapped) return fail(CUDA_ERROR_MAP_FAILED, "cuIpcOpenMemHandle", std::strerror(err));
   *pointer = a.device;
   s.allocations.emplace(a.device, a);
   return CUDA_SUCCESS;
@@ -576,9 +617,9 @@ CUresult cuMemGetHandleForAddressRange(void* handle, CUdeviceptr pointer, size_t
                 std::string("no dma-buf export here: /dev/udmabuf: ") + std::strerror(errno));
   }
   udmabuf_create create{};
-  create.memfd = static_cast<uint32_t>(a->fd);
+  create.memfd = static_cast<uint32_t>(state().arena);
   create.flags = UDMABUF_FLAGS_CLOEXEC;
-  create.offset = pointer - a->device;
+  create.offset = a->offset + (pointer - a->device);
   create.size = bytes;
   const int fd = ::ioctl(dev, UDMABUF_CREATE, &create);
   const int err = errno;

@@ -159,3 +159,56 @@ TEST_F(GpuIpcTest, AnOwnerThatExitedFailsOpsAndItsMappingsClose) {
 
 }  // namespace
 }  // namespace rdmabuf::testing
+
+namespace rdmabuf::testing {
+namespace {
+
+// Over ibverbs the NIC must reach GPU memory itself: through a dma-buf the
+// driver exports, else by plain registration (where a peer-memory module
+// is loaded). Where neither works, as with the test driver on Soft-RoCE
+// (no /dev/udmabuf to export a dma-buf from, and GPU memory no access
+// reaches), an owner's GPU buffer is not offered over ibverbs, saying why,
+// and a reader's GPU memory goes through host memory, its note saying why.
+// Runs in the Soft-RoCE VM; where ibverbs is not viable it is skipped.
+TEST(IbverbsGpuTest, WhereTheNicReachesNoGpuMemoryOpsAreStagedSayingWhy) {
+  Status gpu = use_test_gpu();
+  ASSERT_TRUE(gpu.ok()) << gpu.to_string();
+  Config c;
+  c.backends = {"ibverbs", "tcp"};
+  auto manager = Manager::create(c);
+  ASSERT_TRUE(manager.ok()) << manager.status().to_string();
+  for (const BackendInfo& info : (*manager)->backends()) {
+    if (info.name == "ibverbs" && !info.viable) {
+      GTEST_SKIP() << "ibverbs is not viable here: " << info.reason;
+    }
+  }
+  if (real_gpu_requested()) GTEST_SKIP() << "a real GPU and NIC may well reach each other";
+  Manager& m = **manager;
+  // The owner's side: offered over tcp only.
+  LocalMemory gpu_buffer = with_pattern_of(MemoryKind::kCuda, 1 << 20, 3);
+  auto handle = m.register_buffer(gpu_buffer);
+  ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+  EXPECT_EQ(handle->context("ibverbs"), nullptr);
+  ASSERT_NE(handle->context("tcp"), nullptr);
+  // The reader's side: a host buffer offered over ibverbs, read into GPU memory.
+  LocalMemory host_buffer = with_pattern_of(MemoryKind::kHost, 1 << 20, 4);
+  auto host_handle = m.register_buffer(host_buffer);
+  ASSERT_TRUE(host_handle.ok());
+  ASSERT_NE(host_handle->context("ibverbs"), nullptr);
+  LocalMemory dst = allocate_of(MemoryKind::kCuda, 1 << 20);
+  Transfer t = m.submit({Op::read(*host_handle, dst)}, kTimeout);
+  ASSERT_TRUE(t.wait().ok()) << t.status().to_string();
+  EXPECT_EQ(t.op_backend(0), "ibverbs");
+  const std::string note = t.op_note(0);
+  EXPECT_NE(note.find("staged through host memory"), std::string::npos) << note;
+  EXPECT_NE(note.find("dma-buf"), std::string::npos) << note;
+  EXPECT_NE(note.find("plain registration"), std::string::npos) << note;
+  EXPECT_EQ(find_mismatch(HostBytes(dst).span(), 4), std::nullopt);
+  // And the GPU buffer, read over tcp from GPU memory.
+  LocalMemory back = allocate_of(MemoryKind::kCuda, 1 << 20);
+  ASSERT_TRUE(m.read_into(*handle, back, kTimeout).ok());
+  EXPECT_EQ(find_mismatch(HostBytes(back).span(), 3), std::nullopt);
+}
+
+}  // namespace
+}  // namespace rdmabuf::testing

@@ -187,3 +187,25 @@ def endpoint_peer_main(conn: Any, backends: str = "") -> None:
             conn.send(e)
         except Exception:  # reported to the test, which fails
             conn.send(RuntimeError(traceback.format_exc()))
+
+
+def gpu_owner_main(conn: Any, backends: str = "") -> None:
+    """Owns a GPU array (gpu_arrays.CudaArray, NP_SIZE bytes of pattern()):
+    sends {"gpu": RDMABuffer} first, then obeys ("bytes", "gpu") -> its bytes,
+    ("exit",) -> None."""
+    import gpu_arrays  # sets the driver before rdmabuf uses GPU memory
+
+    if backends:
+        rdmabuf.configure(backends=backends)
+    array = gpu_arrays.CudaArray(pattern(NP_SIZE).tobytes())
+    owned = {"gpu": rdmabuf.RDMABuffer(array)}
+    conn.send(owned)
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "bytes":
+            conn.send(array.bytes())
+        elif cmd[0] == "exit":
+            conn.send(None)
+            return
+        else:
+            conn.send(ValueError(f"unknown command {cmd!r}"))
