@@ -105,10 +105,12 @@ TEST_F(StoppedWriterTest, AWriterStoppedAtItsSystemCallIsCancelledAndNeverLands)
   if (ptrace(PTRACE_SEIZE, pid, nullptr, PTRACE_O_TRACESYSGOOD) != 0) {
     GTEST_SKIP() << "cannot trace the writer here: " << std::strerror(errno);
   }
-  ASSERT_TRUE(writer->write_line("go"));
+  // Stopped before it is told to go: told first, it could finish its write
+  // before the interrupt lands.
   ASSERT_EQ(ptrace(PTRACE_INTERRUPT, pid, nullptr, nullptr), 0) << std::strerror(errno);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, __WALL), pid);
+  ASSERT_TRUE(writer->write_line("go"));
   ASSERT_TRUE(run_to_syscall_entry(pid, SYS_process_vm_writev, kTimeout))
       << "the writer never reached process_vm_writev";
 
