@@ -137,6 +137,19 @@ Status synchronize_stream(int device, uintptr_t stream) {
                        "cuStreamSynchronize");
 }
 
+Status copy_memory(const LocalMemory& to, const LocalMemory& from) {
+  if (to.size() < from.size()) {
+    return InvalidArgument("copy of " + format_bytes(from.size()) + " into " +
+                           format_bytes(to.size()));
+  }
+  if (!to.on_gpu() && !from.on_gpu()) {
+    if (from.size() > 0) std::memcpy(to.data(), from.data(), from.size());
+    return Status::Ok();
+  }
+  RDMABUF_ASSIGN_OR_RETURN(const cuda::Driver* driver, cuda::Driver::get());
+  return driver->copy(to, 0, from, 0, from.size());
+}
+
 }  // namespace rdmabuf
 
 namespace rdmabuf::cuda {

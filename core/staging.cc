@@ -84,12 +84,16 @@ void Stager::shutdown() {
     Task task = std::move(tasks_.front());
     tasks_.pop_front();
     lock.unlock();
-    if (task.landed) {
-      finish_piece(task.op, task.landed);
-    } else {
-      start_pieces(task.op);
-    }
+    run_task(task);
     lock.lock();
+  }
+}
+
+void Stager::run_task(const Task& task) {
+  if (task.landed) {
+    finish_piece(task.op, task.landed);
+  } else {
+    start_pieces(task.op);
   }
 }
 
@@ -104,11 +108,7 @@ void Stager::run() {
     Task task = std::move(tasks_.front());
     tasks_.pop_front();
     lock.unlock();
-    if (task.landed) {
-      finish_piece(task.op, task.landed);
-    } else {
-      start_pieces(task.op);
-    }
+    run_task(task);
     lock.lock();
   }
   // Stopping: ops waiting for a staging buffer get none.

@@ -72,6 +72,8 @@ class Stager {
   };
 
   void run();
+  // A task popped from tasks_, run without mu_ held.
+  void run_task(const Task& task);
   void start_pieces(const std::shared_ptr<StagedOp>& op);
   void start_piece(const std::shared_ptr<StagedOp>& op, const std::shared_ptr<Piece>& piece);
   void finish_piece(const std::shared_ptr<StagedOp>& op, const std::shared_ptr<Piece>& piece);

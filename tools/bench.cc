@@ -49,6 +49,7 @@ constexpr const char* kHelp = R"(usage: rdmabuf bench [--backend NAME] [--sizes 
                      [--json] [--quiet]
        rdmabuf bench --op send|notify ...  (rdmabuf bench --op send --help)
        rdmabuf bench --compare ...         (rdmabuf bench --compare --help)
+       rdmabuf bench --gpu ...             (rdmabuf bench --gpu --help)
 
 Measures one-sided reads and writes over one backend against a peer
 process it starts here (`rdmabuf serve`), or against the buffer behind
@@ -84,6 +85,7 @@ options:
   --quiet           no progress on stderr
   --op send|notify  measure endpoint messages or tagged writes instead
   --compare         measure every backend beside its peers instead
+  --gpu             measure GPU memory beside torch and host memory instead
   -h, --help        this text
 
 Sizes take K/M/G suffixes (binary).
@@ -344,6 +346,7 @@ std::string human_rate(double ops) {
 int cmd_bench(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     if (std::strcmp(argv[i], "--compare") == 0) return cmd_bench_compare(argc, argv);
+    if (std::strcmp(argv[i], "--gpu") == 0) return cmd_bench_gpu(argc, argv);
     if (std::strcmp(argv[i], "--op") == 0) {
       // `--op --help` and `--op bogus --help` too: the help of --op.
       if (wants_help(argc, argv) || (i + 1 < argc && (std::strcmp(argv[i + 1], "send") == 0 ||

@@ -263,4 +263,59 @@ double measure_memcpy(uint64_t size, uint64_t batch, int reps, bool one_range) {
   return gbps[gbps.size() / 2];
 }
 
+Result<double> parse_torch_copy(const std::string& output) {
+  const size_t at = output.find("torch-copy-gbps ");
+  if (at == std::string::npos) {
+    return FailedPrecondition("torch: " + (output.empty() ? std::string("no output") : output));
+  }
+  RDMABUF_ASSIGN_OR_RETURN(auto v, numbers_after(output, at + 16, 1, "the torch copy's output"));
+  if (v[0] <= 0) return Internal("the torch copy reported no bandwidth");
+  return v[0];
+}
+
+Result<double> run_torch_copy(uint64_t size, int device, int reps) {
+  // clang-format off
+  static constexpr const char* kScript = R"py(
+import statistics, sys, time
+try:
+    import torch
+except ImportError as e:
+    print(f"no torch here ({e})")
+    sys.exit(0)
+if not torch.cuda.is_available():
+    print("torch has no CUDA here")
+    sys.exit(0)
+size, device, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+src = torch.empty(size, dtype=torch.uint8, device=f"cuda:{device}")
+dst = torch.empty_like(src)
+for _ in range(3):
+    dst.copy_(src)
+torch.cuda.synchronize(device)
+times = []
+for _ in range(reps):
+    start = time.perf_counter()
+    dst.copy_(src)
+    torch.cuda.synchronize(device)
+    times.append(time.perf_counter() - start)
+print(f"torch-copy-gbps {size / statistics.median(times) / 1e9:.3f}")
+)py";
+  // clang-format on
+  const char* python = std::getenv("RDMABUF_BENCH_PYTHON");
+  const std::string interpreter = python && *python ? python : "python3";
+  if (!on_path(interpreter) && interpreter.find('/') == std::string::npos) {
+    return FailedPrecondition(interpreter + " is not on PATH");
+  }
+  Child::Options options;
+  options.quiet_stderr = true;
+  RDMABUF_ASSIGN_OR_RETURN(Child child,
+                           Child::spawn({interpreter, "-c", kScript, std::to_string(size),
+                                         std::to_string(device), std::to_string(reps)},
+                                        options));
+  RDMABUF_ASSIGN_OR_RETURN(std::string output, child.read_all(std::chrono::minutes(5)));
+  child.wait();
+  while (!output.empty() && output.back() == '\n')
+    output.pop_back();
+  return parse_torch_copy(output);
+}
+
 }  // namespace rdmabuf::tool

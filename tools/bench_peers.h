@@ -79,4 +79,11 @@ Result<double> parse_perftest(const std::string& test, const std::string& output
 // after warm-up: median GB/s. 0 when the buffers cannot be mapped.
 double measure_memcpy(uint64_t size, uint64_t batch, int reps, bool one_range = false);
 
+// PyTorch's copy between two allocations of `size` bytes on GPU `device`
+// in one process (`dst.copy_(src)`, then torch.cuda.synchronize()), `reps`
+// times after warm-up: the median GB/s. Runs RDMABUF_BENCH_PYTHON (else
+// python3); the error says why when torch or its CUDA is missing.
+Result<double> run_torch_copy(uint64_t size, int device, int reps);
+Result<double> parse_torch_copy(const std::string& output);
+
 }  // namespace rdmabuf::tool

@@ -193,7 +193,7 @@ class EndpointServer {
 };
 
 constexpr const char* kHelp = R"(usage: rdmabuf serve [--size BYTES] [--pattern seq|zero|random]
-                     [--listen HOST:PORT] [--endpoint]
+                     [--gpu N] [--listen HOST:PORT] [--endpoint]
 
 Registers one buffer, prints its handle on one line of stdout, and serves
 it until SIGINT, SIGTERM or SIGHUP. Pass the handle to `rdmabuf read`,
@@ -204,6 +204,8 @@ options:
   --pattern seq|zero|random
                       what the buffer holds: seq, byte i is i mod 251;
                       zero; or random bytes (default seq)
+  --gpu N             the buffer in the memory of GPU N (CUDA's numbering;
+                      default: host memory)
   --listen HOST:PORT  where this process listens for peers; 0.0.0.0:PORT
                       for every interface (default: RDMABUF_LISTEN, else
                       127.0.0.1:0, loopback on a free port)
@@ -221,7 +223,7 @@ registered or served; 2 for a bad command line or RDMABUF_* variable.
 
 int cmd_serve(int argc, char** argv) {
   if (wants_help(argc, argv)) return print_help(kHelp);
-  auto args = parse_args(argc, argv, 2, {"size", "pattern", "listen"}, {"endpoint"});
+  auto args = parse_args(argc, argv, 2, {"size", "pattern", "gpu", "listen"}, {"endpoint"});
   if (!args.ok()) return fail(args.status());
   if (!args->positional.empty())
     return fail(InvalidArgument("serve takes no positional arguments"));
@@ -244,6 +246,15 @@ int cmd_serve(int argc, char** argv) {
   if (!memory.ok()) return fail(memory.status());
   if (pattern == "seq") fill_seq(memory->span(), 0);
   if (pattern == "random") fill_random(memory->span(), secure_random_u64());
+  if (args->has("gpu")) {
+    auto device = args->integer("gpu", 0, 0, 1023);
+    if (!device.ok()) return fail(device.status());
+    auto on_gpu = LocalMemory::allocate_gpu(*size, static_cast<int>(*device));
+    if (!on_gpu.ok()) return fail(on_gpu.status());
+    Status copied = copy_memory(*on_gpu, *memory);  // the pattern, to the GPU
+    if (!copied.ok()) return fail(copied);
+    memory = std::move(on_gpu);
+  }
   auto handle = (*manager)->register_buffer(*memory);
   if (!handle.ok()) return fail(handle.status());
   std::printf("%s\n", handle->to_text().c_str());
@@ -256,10 +267,10 @@ int cmd_serve(int argc, char** argv) {
         std::make_unique<EndpointServer>(**manager, *memory, std::move(listener).value(), *size);
   }
   std::fflush(stdout);
-  std::fprintf(stderr, "rdmabuf: serving %llu bytes (%s) as buffer %llu of %s; Ctrl-C stops\n",
-               static_cast<unsigned long long>(*size), pattern.c_str(),
-               static_cast<unsigned long long>(handle->id()),
-               (*manager)->identity().to_string().c_str());
+  std::fprintf(
+      stderr, "rdmabuf: serving %llu bytes (%s, %s memory) as buffer %llu of %s; Ctrl-C stops\n",
+      static_cast<unsigned long long>(*size), pattern.c_str(), memory_kind_name(memory->kind()),
+      static_cast<unsigned long long>(handle->id()), (*manager)->identity().to_string().c_str());
   int sig = 0;
   sigwait(&stop_signals, &sig);
   endpoints.reset();

@@ -25,6 +25,8 @@ commands:
   bench --op notify  tagged writes and their notifications beside UCX
   bench --compare    every viable backend beside iperf3, qperf, UCX, memcpy
                      and perftest; writes a table, JSON and a plot
+  bench --gpu        GPU memory on one host beside torch's copy, and over
+                     tcp beside host memory
   soak               a long, verified load from several client processes;
                      fails on errors, hangs or owner memory and fds that grow
   version            the version (also --version)

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "rdmabuf/memory.h"
 #include "rdmabuf/status.h"
 
 namespace rdmabuf {
@@ -37,5 +38,10 @@ GpuSupport gpu_support();
 // on another stream are still writing must be waited for first; the Python
 // package does this for the tensors it is given (docs/gpu.md).
 Status synchronize_stream(int device, uintptr_t stream);
+
+// Copies the bytes of `from` into the front of `to`, host or GPU memory
+// either way (through the driver when either is on a GPU), finished on
+// return. kInvalidArgument when `to` is smaller than `from`.
+Status copy_memory(const LocalMemory& to, const LocalMemory& from);
 
 }  // namespace rdmabuf

@@ -45,12 +45,15 @@ class Owner(NamedTuple):
 class RDMABuffer:
     """A handle to memory that a process registered for others to read and write.
 
-    ``RDMABuffer(data)`` registers `data` (a 1-D contiguous CPU torch.Tensor,
-    numpy array, memoryview or bytearray; writable, since peers may write
-    into it) with this process's manager and keeps `data` alive until
-    `drop()` or until this object is garbage-collected, whichever comes first.
-    Empty, non-contiguous, multi-dimensional or read-only data is a
-    ValueError; a CUDA tensor is an UnimplementedError for now.
+    ``RDMABuffer(data)`` registers `data` (a 1-D contiguous torch.Tensor on
+    the CPU or a CUDA GPU, numpy array, memoryview, bytearray, or a GPU
+    array offering __cuda_array_interface__ or DLPack; writable, since peers
+    may write into it) with this process's manager and keeps `data` alive
+    until `drop()` or until this object is garbage-collected, whichever comes
+    first. Empty, non-contiguous, multi-dimensional or read-only data is a
+    ValueError. GPU memory works on every transport (docs/gpu.md); the work
+    already queued on a GPU object's stream is waited for before its memory
+    is used, and what rdmabuf wrote into it is finished when the call returns.
 
     Send the buffer to other processes by pickling it (multiprocessing,
     torch.distributed, an actor message) or with `to_bytes()`; what they get

@@ -8,7 +8,7 @@ the built-in exception Python programs already catch for that situation:
     DeadlineExceededError  TimeoutError       the op did not finish in time
     UnavailableError       ConnectionError    the owner cannot be reached
     PermissionDeniedError  PermissionError    the handle's token does not match
-    UnimplementedError     NotImplementedError  e.g. CUDA tensors (for now)
+    UnimplementedError     NotImplementedError  e.g. a tensor on an XPU or MPS device
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ class ResourceExhaustedError(Error):
 
 
 class UnimplementedError(Error, NotImplementedError):
-    """Something this build does not support (e.g. CUDA tensors, for now)."""
+    """Something rdmabuf does not support (e.g. memory of a device other than a CUDA GPU)."""
 
     _default_code = StatusCode.UNIMPLEMENTED
 

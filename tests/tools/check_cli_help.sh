@@ -19,12 +19,13 @@ limit=20  # seconds; a command without help would run, or wait, instead
 # COMMAND WORDS | its source file under tools/ | the options it accepts
 specs=(
   "info|cmd_info.cc|"
-  "serve|cmd_serve.cc|size pattern listen endpoint"
+  "serve|cmd_serve.cc|size pattern gpu listen endpoint"
   "read|cmd_rw.cc|offset length"
   "write|cmd_rw.cc|offset"
   "bench|bench.cc|backend sizes batch streams iters window layouts connect peer json quiet op compare"
   "bench --op send|bench_send.cc|op backend sizes iters rounds window peer json"
   "bench --op notify|bench_send.cc|op backend sizes iters rounds window peer json"
+  "bench --gpu|bench_gpu.cc|gpu device size tcp-size iters peer json"
   "bench --compare|bench_compare.cc|compare out sizes vm-sizes rounds iters seconds no-install no-vm"
   "soak|soak.cc|seconds backend clients inflight max-size buffers seed json role"
   "version|main.cc|"
