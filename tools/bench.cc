@@ -573,7 +573,13 @@ int cmd_bench(int argc, char** argv) {
     for (const Sample& s : results)
       std::printf("%s\n", json_line(backend, streams, s).c_str());
     if (!iperf.empty()) {
-      Sample p{"iperf3", "stream", 0, 0, median(iperf), 0, 0, 0, iperf.size(), "bandwidth", "", 0};
+      Sample p;
+      p.system = "iperf3";
+      p.op = "stream";
+      p.batch = 0;
+      p.gbps = median(iperf);
+      p.reps = iperf.size();
+      p.kind = "bandwidth";
       std::printf("%s\n", json_line("tcp", streams, p).c_str());
     }
     return kExitOk;
