@@ -37,6 +37,7 @@ struct CUipcMemHandle {
   X(CUDA_ERROR_MAP_FAILED, CUresult, 205)                   \
   X(CUDA_ERROR_ALREADY_MAPPED, CUresult, 208)               \
   X(CUDA_ERROR_INVALID_HANDLE, CUresult, 400)               \
+  X(CUDA_ERROR_ILLEGAL_ADDRESS, CUresult, 700)              \
   X(CUDA_ERROR_NOT_SUPPORTED, CUresult, 801)                \
   /* CUpointer_attribute */                                 \
   X(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, int, 2)               \

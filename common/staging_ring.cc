@@ -36,6 +36,16 @@ Result<cuda::CUstream> StagingRing::stream_for(int device) {
 
 Status StagingRing::record(const std::byte* end, int device) {
   RDMABUF_ASSIGN_OR_RETURN(cuda::CUstream stream, stream_for(device));
+  Status recorded = record_on(stream, end, device);
+  if (!recorded.ok()) {
+    // The copy just issued has no event to wait for: wait for its stream
+    // instead, so that it does not outlive the caller's pin.
+    (void)driver_->cuStreamSynchronize(stream);
+  }
+  return recorded;
+}
+
+Status StagingRing::record_on(cuda::CUstream stream, const std::byte* end, int device) {
   cuda::CUevent event = nullptr;
   for (size_t i = 0; i < spare_events_.size(); ++i) {
     if (spare_events_[i].first == device) {

@@ -64,7 +64,10 @@ class StagingRing {
 
   Status ensure_arena();
   Result<cuda::CUstream> stream_for(int device);
+  // Tracks the copy just issued on `device`'s stream, whose staged bytes
+  // end at `end`; on failure, waits for the stream before returning.
   Status record(const std::byte* end, int device);
+  Status record_on(cuda::CUstream stream, const std::byte* end, int device);
 
   const size_t capacity_;
   const cuda::Driver* driver_ = nullptr;

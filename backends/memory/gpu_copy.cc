@@ -12,6 +12,7 @@ namespace rdmabuf::memory {
 struct GpuMappings::Allocation {
   const cuda::Driver* driver = nullptr;
   cuda::CUdeviceptr base = 0;
+  uint64_t size = 0;  // as mapped here
   int device = 0;
   ~Allocation() {
     if (driver && driver->use_device(device).ok()) driver->cuIpcCloseMemHandle(base);
@@ -37,11 +38,28 @@ int device_with_bus_id(const cuda::Driver& driver, const char (&bus)[16]) {
 Result<GpuMappings::Address> GpuMappings::address_of(const Slot& slot, uint32_t index,
                                                      uint64_t generation) {
   RDMABUF_ASSIGN_OR_RETURN(const cuda::Driver* driver, cuda::Driver::get());
-  if (same_process_) return Address{slot.base, device_with_bus_id(*driver, slot.gpu.pci_bus_id)};
-  const uint64_t offset = slot.base - slot.gpu.allocation_base;  // owner-published: trusted
+  if (same_process_) {
+    return Address{slot.base, device_with_bus_id(*driver, slot.gpu.pci_bus_id), nullptr};
+  }
+  const uint64_t offset = slot.base - slot.gpu.allocation_base;
+  // The owner publishes where its buffer lies; a slot that puts it outside
+  // the allocation it names would have this process copy to or from some
+  // other GPU memory of its own.
+  auto inside = [&](const Allocation& a) -> Result<Address> {
+    if (slot.base < slot.gpu.allocation_base || offset > a.size || slot.size > a.size - offset) {
+      return ProtocolError("the owner's shared state places a GPU buffer of " +
+                           format_bytes(slot.size) + " at offset " + std::to_string(offset) +
+                           " of an allocation of " + format_bytes(a.size));
+    }
+    return Address{a.base + offset, a.device, nullptr};
+  };
   std::lock_guard lock(mu_);
   auto known = buffers_.find({index, generation});
-  if (known != buffers_.end()) return Address{known->second->base + offset, known->second->device};
+  if (known != buffers_.end()) {
+    RDMABUF_ASSIGN_OR_RETURN(Address at, inside(*known->second));
+    at.mapping = known->second;
+    return at;
+  }
   const std::string key(slot.gpu.ipc.reserved, sizeof slot.gpu.ipc.reserved);
   std::shared_ptr<Allocation> allocation = allocations_[key].lock();
   if (!allocation) {
@@ -59,11 +77,19 @@ Result<GpuMappings::Address> GpuMappings::address_of(const Slot& slot, uint32_t 
       allocations_.erase(key);
       return opened;
     }
+    cuda::CUdeviceptr mapped_base = 0;
+    size_t mapped_bytes = 0;
+    RDMABUF_RETURN_IF_ERROR(
+        driver->check(driver->cuMemGetAddressRange(&mapped_base, &mapped_bytes, allocation->base),
+                      "cuMemGetAddressRange of an opened IPC mapping"));
+    allocation->size = mapped_bytes;
     allocations_[key] = allocation;
   }
+  RDMABUF_ASSIGN_OR_RETURN(Address at, inside(*allocation));
+  at.mapping = allocation;
   buffers_[{index, generation}] = allocation;
   mapped_.store(buffers_.size(), std::memory_order_relaxed);
-  return Address{allocation->base + offset, allocation->device};
+  return at;
 }
 
 void GpuMappings::sweep(const Segment& segment) {

@@ -40,10 +40,14 @@ class GpuMappings {
 
   // Where this process reaches byte 0 of the buffer in `slot` (which the
   // caller has pinned at `generation`, on_gpu), and the GPU whose context
-  // to copy with.
+  // to copy with. `mapping` keeps the IPC mapping open: hold it until the
+  // copy has finished, since another thread's sweep() may drop the
+  // buffer's entry (once the owner marks it released) meanwhile.
+  // kProtocolError when the slot puts the buffer outside its allocation.
   struct Address {
     uint64_t base = 0;
     int device = 0;
+    std::shared_ptr<const void> mapping;  // null in the owner's own process
   };
   Result<Address> address_of(const Slot& slot, uint32_t index, uint64_t generation);
 

@@ -414,6 +414,7 @@ class MemoryBackend final : public Backend {
   Status copy_gpu(Job& job, const Slot& slot, Pin& pin) {
     OwnerView& view = *job.view;
     RDMABUF_RETURN_IF_ERROR(pin.arm_gpu());
+    // `at` keeps the mapping open until the copy has returned.
     RDMABUF_ASSIGN_OR_RETURN(auto at, view.gpu->address_of(slot, job.slot, job.generation));
     std::vector<GpuRange> ranges;
     ranges.reserve(job.ops.size());

@@ -356,6 +356,9 @@ bool ServerConnection::flush() {
   out_.clear();
   out_bytes_ = 0;
   externals_ = 0;
+  // Cut short, later pieces' copies from the GPU may still run: they end
+  // before the pin that keeps their memory can go.
+  if (!ok) (void)staging_.wait_all();
   staging_.reset();  // nothing staged is referred to any more
   return ok;
 }

@@ -18,7 +18,9 @@
 // CUDA_ERROR_NOT_SUPPORTED otherwise.
 //
 // Every error it returns is also printed to stderr ("fake_cuda: ..."), so
-// misuse is loud. Environment: FAKE_CUDA_DEVICES (how many GPUs, default 1;
+// misuse is loud; a queued copy that finds its memory gone when it runs
+// makes its stream's synchronizations fail (CUDA_ERROR_ILLEGAL_ADDRESS).
+// Environment: FAKE_CUDA_DEVICES (how many GPUs, default 1;
 // 0 means cuInit fails with CUDA_ERROR_NO_DEVICE); FAKE_CUDA_PEER_MEMORY=1
 // maps the device view readable and writable, as a peer-memory kernel
 // module (nvidia-peermem) lets a NIC reach GPU memory by its address: then
@@ -29,6 +31,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -81,9 +84,12 @@ static_assert(sizeof(IpcHandle) <= kIpcHandleBytes);
 
 struct Stream {
   int ordinal = 0;
-  std::deque<std::function<void()>> pending;  // copies not yet run
-  uint64_t queued = 0;                        // ever enqueued
-  uint64_t ran = 0;                           // ever run
+  std::deque<std::function<CUresult()>> pending;  // copies not yet run
+  uint64_t queued = 0;                            // ever enqueued
+  uint64_t ran = 0;                               // ever run
+  // Sticky, as the real driver's: a queued copy whose memory had gone by
+  // the time it ran (unmapped, closed) fails every later synchronization.
+  CUresult failed = CUDA_SUCCESS;
 };
 
 struct Event {
@@ -212,8 +218,17 @@ void run_until(Stream& stream, uint64_t position) {
     auto copy = std::move(stream.pending.front());
     stream.pending.pop_front();
     ++stream.ran;
-    copy();
+    if (copy() != CUDA_SUCCESS) stream.failed = CUDA_ERROR_ILLEGAL_ADDRESS;
   }
+}
+
+// How long a synchronization waits before it runs the queued copies
+// (fake_cuda_set_sync_delay_ms), so that a test can hold copies in flight
+// while it does something else.
+std::atomic<int> sync_delay_ms{0};
+void sync_delay() {
+  const int ms = sync_delay_ms.load(std::memory_order_relaxed);
+  if (ms > 0) ::usleep(static_cast<useconds_t>(ms) * 1000);
 }
 
 }  // namespace
@@ -458,7 +473,8 @@ CUresult cuMemcpyAsync(CUdeviceptr to, CUdeviceptr from, size_t bytes, CUstream 
   }
   if (is_default_stream(handle)) return copy_now(to, from, bytes, "cuMemcpyAsync");
   auto* stream = reinterpret_cast<Stream*>(handle);
-  stream->pending.push_back([to, from, bytes] { copy_now(to, from, bytes, "cuMemcpyAsync"); });
+  stream->pending.push_back(
+      [to, from, bytes] { return copy_now(to, from, bytes, "cuMemcpyAsync (when it ran)"); });
   ++stream->queued;
   return CUDA_SUCCESS;
 }
@@ -493,9 +509,10 @@ CUresult cuStreamDestroy_v2(CUstream handle) {
 CUresult cuStreamSynchronize(CUstream handle) {
   if (is_default_stream(handle)) return CUDA_SUCCESS;  // their copies ran at once
   auto* stream = reinterpret_cast<Stream*>(handle);
+  sync_delay();
   std::lock_guard lock(state().mu);
   run_until(*stream, stream->queued);
-  return CUDA_SUCCESS;
+  return stream->failed;
 }
 
 CUresult cuEventCreate(CUevent* event, unsigned) {
@@ -519,9 +536,11 @@ CUresult cuEventRecord(CUevent handle, CUstream stream) {
 
 CUresult cuEventSynchronize(CUevent handle) {
   auto* event = reinterpret_cast<Event*>(handle);
+  sync_delay();
   std::lock_guard lock(state().mu);
-  if (event->stream) run_until(*event->stream, event->position);
-  return CUDA_SUCCESS;
+  if (!event->stream) return CUDA_SUCCESS;
+  run_until(*event->stream, event->position);
+  return event->stream->failed;
 }
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr pointer) {
@@ -640,6 +659,12 @@ int fake_cuda_open_ipc_handles() {
   for (const auto& [at, a] : state().allocations)
     open += a.opened ? a.open_count : 0;
   return open;
+}
+
+// Not a driver entry point: for tests, makes every later stream or event
+// synchronization wait `ms` milliseconds before it runs the queued copies.
+void fake_cuda_set_sync_delay_ms(int ms) {
+  sync_delay_ms.store(ms, std::memory_order_relaxed);
 }
 
 }  // extern "C"

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "common/crc32c.h"
 #include "tests/helpers/gpu.h"
@@ -27,16 +28,23 @@ std::unique_ptr<TestPeer> start_gpu_peer(std::vector<TestPeer::BufferSpec> buffe
   return peer;
 }
 
+// `name`, a function of the test driver's own, when the test driver is
+// the one loaded; null on a real GPU.
+template <typename Function>
+Function* test_driver_function(const char* name) {
+  const char* path = std::getenv("RDMABUF_CUDA_DRIVER");
+  void* driver = path ? ::dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+  if (!driver) return nullptr;
+  auto* function = reinterpret_cast<Function*>(::dlsym(driver, name));
+  ::dlclose(driver);  // still loaded: RTLD_NOLOAD took a reference to a loaded library
+  return function;
+}
+
 // How many IPC handles this process has open, as the test driver counts
 // them; -1 on a real GPU (it does not say).
 int open_ipc_handles() {
-  const char* path = std::getenv("RDMABUF_CUDA_DRIVER");
-  void* driver = path ? ::dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
-  if (!driver) return -1;
-  auto count = reinterpret_cast<int (*)()>(::dlsym(driver, "fake_cuda_open_ipc_handles"));
-  const int open = count ? count() : -1;
-  ::dlclose(driver);
-  return open;
+  auto* count = test_driver_function<int()>("fake_cuda_open_ipc_handles");
+  return count ? count() : -1;
 }
 
 class GpuPeerTest : public ::testing::TestWithParam<std::string> {
@@ -142,6 +150,42 @@ TEST_F(GpuIpcTest, AnAllocationIsOpenedOnceAndClosedOnceItsBuffersAreReleased) {
   ASSERT_EQ(peer->release(1), "ok");
   EXPECT_EQ(reader_->read_into(peer->handle(1), dst, kTimeout).code(), StatusCode::kNotFound);
   EXPECT_EQ(open_ipc_handles(), 0);
+}
+
+// A copy in flight keeps its allocation mapped: the owner releases the
+// buffer (its release waits for the copy), and meanwhile another copy from
+// that owner drops the released buffer's mapping. The first copy still
+// lands whole, and the mapping closes after it.
+TEST_F(GpuIpcTest, AMappingStaysOpenWhileACopyThroughItIsInFlight) {
+  auto* set_sync_delay = test_driver_function<void(int)>("fake_cuda_set_sync_delay_ms");
+  ASSERT_NE(set_sync_delay, nullptr);
+  auto peer = start_gpu_peer({{1 << 20, 1}, {1 << 20, 2}});  // two allocations
+  ASSERT_NE(peer, nullptr);
+  read(*peer, 0);
+  read(*peer, 1);
+  ASSERT_EQ(open_ipc_handles(), 2);
+  LocalMemory first_dst = allocate_of(MemoryKind::kCuda, 1 << 20);
+  LocalMemory second_dst = allocate_of(MemoryKind::kCuda, 1 << 20);
+
+  set_sync_delay(600);  // every copy now waits 600 ms, queued, before it runs
+  Status first;
+  std::thread copier([&] { first = reader_->read_into(peer->handle(0), first_dst, kTimeout); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // its copy queued, pinned
+  std::string released;
+  std::thread releaser([&] { released = peer->release(0); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // buffer 0 marked released
+  // This copy's sweep drops buffer 0's mapping, the last of its allocation.
+  Status second = reader_->read_into(peer->handle(1), second_dst, kTimeout);
+  copier.join();
+  releaser.join();
+  set_sync_delay(0);
+
+  EXPECT_TRUE(first.ok()) << first.to_string();
+  EXPECT_EQ(find_mismatch(HostBytes(first_dst).span(), 1), std::nullopt);
+  EXPECT_TRUE(second.ok()) << second.to_string();
+  EXPECT_EQ(find_mismatch(HostBytes(second_dst).span(), 2), std::nullopt);
+  EXPECT_EQ(released, "ok");
+  EXPECT_EQ(open_ipc_handles(), 1) << "buffer 0's allocation closed once its copy was done";
 }
 
 TEST_F(GpuIpcTest, AnOwnerThatExitedFailsOpsAndItsMappingsClose) {
