@@ -109,10 +109,6 @@ Result<const Driver*> Driver::get_if_loaded() {
   return get();
 }
 
-Status gpu_status() {
-  return Driver::get().status();
-}
-
 }  // namespace rdmabuf::cuda
 
 namespace rdmabuf {
@@ -146,8 +142,7 @@ Status copy_memory(const LocalMemory& to, const LocalMemory& from) {
     if (from.size() > 0) std::memcpy(to.data(), from.data(), from.size());
     return Status::Ok();
   }
-  RDMABUF_ASSIGN_OR_RETURN(const cuda::Driver* driver, cuda::Driver::get());
-  return driver->copy(to, 0, from, 0, from.size());
+  return cuda::copy(to.data(), from.data(), from.size(), to.on_gpu() ? to.device() : from.device());
 }
 
 }  // namespace rdmabuf
@@ -251,14 +246,9 @@ Status Driver::copy(void* to, const void* from, size_t size, int device) const {
   return check(cuStreamSynchronize(stream), "cuStreamSynchronize after a copy");
 }
 
-Status Driver::copy(const LocalMemory& to, size_t to_offset, const LocalMemory& from,
-                    size_t from_offset, size_t size) const {
-  if (!to.on_gpu() && !from.on_gpu()) {
-    std::memcpy(to.data() + to_offset, from.data() + from_offset, size);
-    return Status::Ok();
-  }
-  return copy(to.data() + to_offset, from.data() + from_offset, size,
-              to.on_gpu() ? to.device() : from.device());
+Status copy(void* to, const void* from, size_t size, int device) {
+  RDMABUF_ASSIGN_OR_RETURN(const Driver* driver, Driver::get());
+  return driver->copy(to, from, size, device);
 }
 
 Status copy_into(const LocalMemory& to, size_t offset, const void* from, size_t size) {
@@ -266,14 +256,12 @@ Status copy_into(const LocalMemory& to, size_t offset, const void* from, size_t 
     std::memcpy(to.data() + offset, from, size);
     return Status::Ok();
   }
-  RDMABUF_ASSIGN_OR_RETURN(const Driver* driver, Driver::get());
-  return driver->copy(to.data() + offset, from, size, to.device());
+  return copy(to.data() + offset, from, size, to.device());
 }
 
 Result<LocalMemory> host_copy(const LocalMemory& memory) {
-  RDMABUF_ASSIGN_OR_RETURN(const Driver* driver, Driver::get());
   std::shared_ptr<std::byte[]> bytes(new std::byte[std::max<size_t>(memory.size(), 1)]);
-  RDMABUF_RETURN_IF_ERROR(driver->copy(bytes.get(), memory.data(), memory.size(), memory.device()));
+  RDMABUF_RETURN_IF_ERROR(copy(bytes.get(), memory.data(), memory.size(), memory.device()));
   std::byte* at = bytes.get();
   return LocalMemory(at, memory.size(), std::shared_ptr<const void>(std::move(bytes), at));
 }

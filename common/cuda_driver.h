@@ -72,13 +72,10 @@ class Driver {
   Status kind_of(const void* pointer, MemoryKind& kind, int& ordinal) const;
   // The driver allocation containing [pointer, pointer + size).
   Result<Allocation> allocation_of(const void* pointer, size_t size) const;
-  // Copies `size` bytes between any two memories whose kinds `to` and
-  // `from` say (host or GPU, either way; host to host is a memcpy), on a
-  // stream of this thread's own, finished on return: no byte moves after
-  // it (a plain cuMemcpy between GPU memories may return before).
-  Status copy(const LocalMemory& to, size_t to_offset, const LocalMemory& from, size_t from_offset,
-              size_t size) const;
-  // The same between raw addresses, with the context of GPU `device`.
+  // Copies `size` bytes between host and GPU memory, either way or GPU to
+  // GPU, with the context of GPU `device`, on a stream of this thread's
+  // own, finished on return: no byte moves after it (a plain cuMemcpy
+  // between GPU memories may return before).
   Status copy(void* to, const void* from, size_t size, int device) const;
 
   // This thread's own non-blocking stream on GPU `device` (created on
@@ -97,6 +94,9 @@ class Driver {
   mutable std::vector<CUcontext> contexts_;  // by ordinal, retained on first use
 };
 
+// Driver::copy, through the driver loaded once per process (or why there
+// is none).
+Status copy(void* to, const void* from, size_t size, int device);
 // Copies `size` bytes of host memory at `from` into `to` at `offset`,
 // through the driver when `to` is on a GPU.
 Status copy_into(const LocalMemory& to, size_t offset, const void* from, size_t size);
@@ -106,9 +106,6 @@ Result<LocalMemory> host_copy(const LocalMemory& memory);
 // Pinned host memory (cuMemHostAlloc), for staging: DMA to and from it runs
 // at the bus's speed and asynchronously. Owned by the keepalive.
 Result<LocalMemory> allocate_pinned(size_t size);
-
-// Why GPU memory cannot be used here, or OK (Driver::get's status).
-Status gpu_status();
 
 // The driver library's name: RDMABUF_CUDA_DRIVER, else libcuda.so.1.
 const char* library_name();

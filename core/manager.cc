@@ -346,7 +346,7 @@ Status validate_op(const Op& op, uint64_t chunk_size) {
                            format_bytes(chunk_size));
   }
   if (op.local.on_gpu()) {
-    Status gpu = cuda::gpu_status();
+    Status gpu = cuda::Driver::get().status();
     if (!gpu.ok()) return gpu.with_context(describe_op(op) + ": its local memory is on a GPU");
   }
   return Status::Ok();

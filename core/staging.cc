@@ -21,13 +21,6 @@ std::chrono::milliseconds time_left(Deadline deadline) {
   return std::chrono::ceil<std::chrono::milliseconds>(left);
 }
 
-// `size` bytes from `from` to `to` (either on GPU `device`), finished on
-// return.
-Status driver_copy(void* to, const void* from, size_t size, int device) {
-  RDMABUF_ASSIGN_OR_RETURN(const cuda::Driver* driver, cuda::Driver::get());
-  return driver->copy(to, from, size, device);
-}
-
 }  // namespace
 
 // One staged op. Owned by the stager's thread once handed to it.
@@ -183,8 +176,8 @@ void Stager::start_piece(const std::shared_ptr<StagedOp>& op, const std::shared_
   if (ready.ok() && whole.kind == OpKind::kWriteFromLocal) {
     ready = Cancelled("cancelled");
     if (t.begin_touch()) {  // the GPU's bytes into the staging buffer
-      ready = driver_copy(staged.data(), whole.local.data() + piece->offset, piece->length,
-                          whole.local.device());
+      ready = cuda::copy(staged.data(), whole.local.data() + piece->offset, piece->length,
+                         whole.local.device());
       t.end_touch();
     }
   }
@@ -217,8 +210,8 @@ void Stager::finish_piece(const std::shared_ptr<StagedOp>& op,
   if (st.ok() && whole.kind == OpKind::kReadIntoLocal) {
     st = Cancelled("cancelled");
     if (t.begin_touch()) {  // the staging buffer's bytes to the GPU
-      st = driver_copy(whole.local.data() + piece->offset, piece->buffer.data(), piece->length,
-                       whole.local.device());
+      st = cuda::copy(whole.local.data() + piece->offset, piece->buffer.data(), piece->length,
+                      whole.local.device());
       t.end_touch();
     }
   }

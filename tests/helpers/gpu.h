@@ -43,8 +43,7 @@ class HostBytes {
       return;
     }
     copy_.resize(m.size());
-    auto driver = cuda::Driver::get();
-    if (driver.ok()) (*driver)->copy(copy_.data(), m.data(), m.size(), m.device()).ignore();
+    cuda::copy(copy_.data(), m.data(), m.size(), m.device()).ignore();
     view_ = copy_;
   }
   std::span<const std::byte> span() const { return view_; }
