@@ -73,6 +73,12 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   void reroute(const std::shared_ptr<TransferState>& transfer, std::span<const uint32_t> ops,
                std::string_view from, const Status& why) override;
 
+  // Manager::transport_for.
+  Result<std::string> transport_for(const RemoteBuffer& remote) {
+    RDMABUF_ASSIGN_OR_RETURN(Route route, choose_route(Op::read(remote, LocalMemory())));
+    return std::string(slots_[route.slot].factory->name);
+  }
+
  private:
   struct Slot {
     const BackendFactory* factory;
@@ -608,6 +614,10 @@ Status Manager::release(const RemoteBuffer& handle) {
 }
 size_t Manager::registered_count() const {
   return impl_->registered_count();
+}
+
+Result<std::string> Manager::transport_for(const RemoteBuffer& remote) {
+  return impl_->transport_for(remote);
 }
 
 Transfer Manager::submit(std::vector<Op> ops, std::chrono::milliseconds timeout) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/remembered_memory.h"
 #include "common/socket.h"
 #include "common/strings.h"
 
@@ -16,6 +17,8 @@ namespace rdmabuf::ibverbs {
 namespace {
 
 constexpr size_t kMaxCachedRegistrations = 256;
+// What a reader's local memory is registered for: the NIC writes reads into it.
+constexpr int kLocalAccess = IBV_ACCESS_LOCAL_WRITE;
 
 std::string gid_text(const ibv_gid& gid) {
   char text[INET6_ADDRSTRLEN] = {};
@@ -208,13 +211,29 @@ Result<std::shared_ptr<MemoryRegion>> register_range(const Device& device, ibv_p
 Result<std::shared_ptr<MemoryRegion>> LocalRegistrations::acquire(const LocalMemory& memory,
                                                                   const std::byte* addr,
                                                                   size_t size) {
-  constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE;
   if (memory.on_gpu()) return gpu_->acquire(memory);  // the whole allocation
-  if (!memory.keepalive()) return register_range(device_, addr, size, kAccess);
+  if (memory.keepalive()) return cached(memory, addr, size);
+  if (auto remembered = remembered_memory_holding(addr, size)) {
+    return cached(*remembered, addr, size);
+  }
+  auto region = register_range(device_, addr, size, kLocalAccess);
+  if (region.ok()) made_.fetch_add(1, std::memory_order_relaxed);
+  return region;
+}
+
+Result<std::shared_ptr<MemoryRegion>> LocalRegistrations::cached(const LocalMemory& memory,
+                                                                 const std::byte* addr,
+                                                                 size_t size) {
   std::lock_guard lock(mu_);
+  const uint64_t forgotten = forgotten_generation();
+  if (forgotten != seen_forgotten_) {  // let go of forgotten ranges' pages now
+    seen_forgotten_ = forgotten;
+    std::erase_if(entries_, [](const Entry& e) { return e.keepalive.expired(); });
+  }
   for (const Entry& e : entries_) {
     if (e.region->begin() <= addr && addr + size <= e.region->end() &&
         e.keepalive.lock() == memory.keepalive()) {
+      reused_.fetch_add(1, std::memory_order_relaxed);
       return e.region;
     }
   }
@@ -224,7 +243,8 @@ Result<std::shared_ptr<MemoryRegion>> LocalRegistrations::acquire(const LocalMem
   if (entries_.size() >= kMaxCachedRegistrations) entries_.erase(entries_.begin());
   // The whole of `memory`, so that its other slices hit the cache too.
   RDMABUF_ASSIGN_OR_RETURN(auto region,
-                           register_range(device_, memory.data(), memory.size(), kAccess));
+                           register_range(device_, memory.data(), memory.size(), kLocalAccess));
+  made_.fetch_add(1, std::memory_order_relaxed);
   entries_.push_back(Entry{memory.keepalive(), region});
   return region;
 }

@@ -2,6 +2,7 @@
 // the port's attributes and the GID used; and memory registrations on it.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -92,10 +93,11 @@ Result<std::shared_ptr<MemoryRegion>> register_range(const Device& device, ibv_p
                                                      const void* addr, size_t size, int access);
 
 // Registrations of the reader's local memory, cached while the memory's
-// keepalive lives (memory without a keepalive is registered per use: the
-// library cannot know when it is freed, and a registration that outlives
-// its memory would point the NIC at pages that now belong to someone else).
-// Thread-safe.
+// keepalive lives, and for memory without one while it lies in a range
+// given to remember_memory(). Other memory without a keepalive is
+// registered per use: the library cannot know when it is freed, and a
+// registration that outlives its memory would point the NIC at pages that
+// now belong to someone else. Thread-safe.
 class GpuRegistrations;
 
 class LocalRegistrations {
@@ -106,15 +108,28 @@ class LocalRegistrations {
   Result<std::shared_ptr<MemoryRegion>> acquire(const LocalMemory& memory, const std::byte* addr,
                                                 size_t size);
 
+  // Registrations of host memory made, and uses of a cached one, so far.
+  uint64_t made() const { return made_.load(std::memory_order_relaxed); }
+  uint64_t reused() const { return reused_.load(std::memory_order_relaxed); }
+
  private:
+  // The cached registration of `memory` (which has a keepalive) that covers
+  // [addr, addr + size), registering the whole of `memory` on a miss.
+  Result<std::shared_ptr<MemoryRegion>> cached(const LocalMemory& memory, const std::byte* addr,
+                                               size_t size);
+
   struct Entry {
     std::weak_ptr<const void> keepalive;
     std::shared_ptr<MemoryRegion> region;
   };
   const Device& device_;
   GpuRegistrations* const gpu_;
+  std::atomic<uint64_t> made_{0};
+  std::atomic<uint64_t> reused_{0};
   std::mutex mu_;
+  // Guarded by mu_.
   std::vector<Entry> entries_;
+  uint64_t seen_forgotten_ = 0;
 };
 
 }  // namespace rdmabuf::ibverbs

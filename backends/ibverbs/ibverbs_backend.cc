@@ -61,6 +61,10 @@ class IbverbsBackend final : public Backend {
     info.details.emplace_back("handshakes served", std::to_string(responders_.handshakes.load()));
     info.details.emplace_back("notices taken", std::to_string(responders_.notices.load()));
     info.details.emplace_back("notices refused", std::to_string(responders_.refused.load()));
+    // Of the memory that reads land in and writes come from (not GPU memory).
+    info.details.emplace_back("local registrations made", std::to_string(registrations_.made()));
+    info.details.emplace_back("local registrations reused",
+                              std::to_string(registrations_.reused()));
     return info;
   }
 

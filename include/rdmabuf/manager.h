@@ -75,6 +75,14 @@ class Manager {
   // fails with kNotFound on every backend.
   size_t registered_count() const;
 
+  // The transport an op on `remote` would take if submitted now ("memory",
+  // "ibverbs", "tcp"): the best one both sides offer that reaches the owner,
+  // as submit() chooses it (an op whose local memory that transport cannot
+  // take may still go to the next). When none can carry it, the status
+  // submit() would fail the op with. Moves no bytes; may connect to the
+  // owner's host to learn whether it is this one.
+  Result<std::string> transport_for(const RemoteBuffer& remote);
+
   // Starts `ops` and returns at once. Each op goes to the best transport
   // both sides offer; ops to different peers run concurrently, ops to one
   // peer are pipelined. An op that breaks the size rules (see Op) or names

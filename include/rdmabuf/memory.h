@@ -28,9 +28,13 @@ const char* memory_kind_name(MemoryKind kind);
 //
 // The keepalive also identifies the memory: backends that register memory
 // with a NIC (ibverbs) reuse one registration for every op on memory with
-// the same keepalive, while it lives. Memory without one is registered for
-// each op and deregistered after it (the library cannot tell when such
-// memory is freed and its addresses reused), which is slow for small ops.
+// the same keepalive, while it lives. A keepalive need not own the bytes to
+// do that: any object whose life ends no later than the memory stays mapped
+// at this address works as the identity (the Python package uses one per
+// tensor or array storage). Memory without a keepalive is registered for
+// each op and deregistered after it, since the library cannot see when it
+// is freed and its addresses reused, unless it lies in a range given to
+// remember_memory() (below).
 //
 // GPU memory: `recognize` asks the CUDA driver where a pointer lives, so a
 // device pointer (a CUDA tensor's data_ptr) becomes kCuda memory of its GPU
@@ -95,5 +99,28 @@ class LocalMemory {
   int device_ = 0;
   std::shared_ptr<const void> keepalive_;
 };
+
+// Memory without a keepalive that stays mapped for a while (an arena, a
+// pool, a cache of pages): after remember_memory(addr, size), ops on any
+// part of [addr, addr + size) reuse one NIC registration of the whole range
+// (per device) instead of registering and deregistering for each op.
+//
+// The caller promises that the range stays mapped, at this address, with
+// the same pages, until forget_memory() covers it: call forget_memory before
+// freeing, unmapping or remapping the memory (a registration pins the pages
+// it was made for, so one used after the memory was unmapped and mapped
+// again would move the old pages, not the new). After forget_memory returns,
+// no op that starts later uses a registration made for the range; ops in
+// flight keep theirs until they complete, as for any memory without a
+// keepalive (Transfer says when the library stops touching it).
+//
+// kInvalidArgument for a null or empty range, or one that overlaps a range
+// remembered already (forget it first). Process-wide and thread-safe; costs
+// nothing where no backend registers memory (tcp, memory).
+Status remember_memory(const void* addr, size_t size);
+// Forgets every remembered range that overlaps [addr, addr + size) (size 0:
+// the range that holds addr); returns how many. Their registrations are released at the next op or,
+// at the latest, when the manager stops.
+size_t forget_memory(const void* addr, size_t size);
 
 }  // namespace rdmabuf
