@@ -20,7 +20,11 @@ Processes that also need to talk connect an `Endpoint` (`listen` /
     dst = torch.empty(buf.size(), dtype=torch.uint8)
     buf.read_into(dst).get()         # or: await buf.read_into(dst)
 
-The API follows PyTorch Monarch's ``monarch.rdma``. Errors are
+The API is PyTorch Monarch's ``monarch.rdma`` (RDMABuffer, RDMAAction with
+read_remote / write_remote / submit, get_rdma_backend, is_ibverbs_available,
+is_rdma_available, RDMATcpFallbackWarning; docs/monarch.md maps every name),
+with rdmabuf's extras beside it. Transfers time out after 60 s unless
+told otherwise. Errors are
 `rdmabuf.Error` subclasses carrying the status code and message; size
 mismatches and bad data are also ValueError, timeouts also TimeoutError.
 """
@@ -36,11 +40,12 @@ from ._errors import (
     PermissionDeniedError,
     ProtocolError,
     ResourceExhaustedError,
+    RDMATcpFallbackWarning,
     StatusCode,
     UnavailableError,
     UnimplementedError,
 )
-from ._buffer import LocalMemory, Owner, RDMAAction, RDMABuffer
+from ._buffer import DEFAULT_TIMEOUT, LocalMemory, Owner, RDMAAction, RDMABuffer
 from ._endpoint import (
     Endpoint,
     Lease,
@@ -53,7 +58,17 @@ from ._endpoint import (
     next_notification,
 )
 from ._future import Future
-from ._manager import BackendInfo, Config, backends, config, configure, shutdown
+from ._manager import (
+    BackendInfo,
+    Config,
+    backends,
+    config,
+    configure,
+    get_rdma_backend,
+    is_ibverbs_available,
+    is_rdma_available,
+    shutdown,
+)
 from ._rdmabuf import version as _version
 
 __version__: str = _version()
@@ -61,6 +76,11 @@ __version__: str = _version()
 __all__ = [
     "RDMABuffer",
     "RDMAAction",
+    "get_rdma_backend",
+    "is_ibverbs_available",
+    "is_rdma_available",
+    "RDMATcpFallbackWarning",
+    "DEFAULT_TIMEOUT",
     "Future",
     "Owner",
     "LocalMemory",

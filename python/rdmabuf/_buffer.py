@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional, Tuple, Union
+import warnings
+from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional, Set, Tuple, Union
 
 from . import _rdmabuf
-from ._errors import InvalidArgumentError, NotFoundError
+from ._errors import InvalidArgumentError, NotFoundError, RDMATcpFallbackWarning
 from ._future import Future, completed, notify
-from ._manager import default_manager
+from ._manager import default_manager, get_rdma_backend
 
 if sys.version_info >= (3, 11):
     from typing import Self
@@ -26,7 +27,19 @@ if TYPE_CHECKING:
 else:
     LocalMemory = Any
 
-__all__ = ["RDMABuffer", "RDMAAction", "Owner", "LocalMemory"]
+__all__ = ["RDMABuffer", "RDMAAction", "Owner", "LocalMemory", "DEFAULT_TIMEOUT"]
+
+# Seconds a transfer may take unless told otherwise (Monarch's default);
+# timeout=None means the manager's configured default (RDMABUF_TIMEOUT_MS).
+DEFAULT_TIMEOUT = 60.0
+
+# Owners (manager ids) this process has been told about reaching over TCP.
+_tcp_owners_warned: Set[int] = set()
+
+
+def _warn_tcp(message: str) -> None:
+    # stacklevel: the user's call, above this module's method.
+    warnings.warn(message, RDMATcpFallbackWarning, stacklevel=4)
 
 
 class Owner(NamedTuple):
@@ -64,14 +77,19 @@ class RDMABuffer:
     front of `dst`, so `dst` must be at least `size()` bytes; `write_from(src)`
     copies the whole of `src` into the front of the buffer, so `src` must be
     at most `size()` bytes. Anything else is a ValueError before a byte moves.
+
+    Where no RDMA transport is viable in this process, creating a buffer
+    warns with RDMATcpFallbackWarning (peers on other hosts reach it over
+    TCP), as does the first transfer to an owner that only TCP reaches.
     """
 
-    __slots__ = ("_handle", "_reg", "_owns", "_dropped", "__weakref__")
+    __slots__ = ("_handle", "_reg", "_owns", "_dropped", "_route_seen", "__weakref__")
 
     _handle: _rdmabuf.Handle
     _reg: Optional[_rdmabuf.Registration]
     _owns: bool
     _dropped: bool
+    _route_seen: bool
 
     def __init__(self, data: LocalMemory) -> None:
         reg = default_manager().register(data)
@@ -79,6 +97,15 @@ class RDMABuffer:
         self._handle = reg.handle
         self._owns = True
         self._dropped = False
+        self._route_seen = True  # this process's own buffer
+        if get_rdma_backend() == "tcp":
+            # One text, so that the default filter shows it once per call site.
+            warnings.warn(
+                "rdmabuf: no RDMA transport is viable in this process; peers on other hosts "
+                "will reach its buffers over TCP (same-host peers use shared memory)",
+                RDMATcpFallbackWarning,
+                stacklevel=2,
+            )
 
     @classmethod
     def _from_handle(
@@ -89,6 +116,7 @@ class RDMABuffer:
         buf._reg = keep
         buf._owns = False
         buf._dropped = False
+        buf._route_seen = False
         return buf
 
     # --- What it is ---------------------------------------------------------
@@ -109,8 +137,19 @@ class RDMABuffer:
 
     @property
     def backends(self) -> List[str]:
-        """The transports the owner offers for this buffer, e.g. ["tcp"]."""
+        """The transports the owner offers for this buffer, e.g. ["memory", "tcp"]."""
         return list(self._handle.backends)
+
+    @property
+    def backend(self) -> str:
+        """The transport a transfer on this buffer from this process would take
+        now: "memory" (same host), "ibverbs" or "tcp"; "none" when nothing
+        can reach the owner (a transfer would fail, saying why)."""
+        self._check()
+        try:
+            return default_manager().transport_for(self._handle)
+        except Exception:  # noqa: BLE001 -- any refusal means "none"
+            return "none"
 
     def slice(self, offset: int, length: int) -> "RDMABuffer":
         """A handle to bytes [offset, offset + length) of this buffer. It keeps
@@ -121,20 +160,45 @@ class RDMABuffer:
 
     # --- Transfers ----------------------------------------------------------
 
-    def read_into(self, dst: LocalMemory, *, timeout: Optional[float] = None) -> Future[int]:
+    def read_into(
+        self, dst: LocalMemory, *, timeout: Optional[float] = DEFAULT_TIMEOUT
+    ) -> Future[int]:
         """Copies the whole buffer into the front of `dst` (writable; at least
         `size()` bytes). Starts at once; returns a Future of the bytes moved.
         `timeout` in seconds (None: the configured default, RDMABUF_TIMEOUT_MS)."""
         if self._dropped:
             self._check()
+        if not self._route_seen:
+            self._see_route()
         return Future(default_manager().read_into(self._handle, dst, timeout, notify()))
 
-    def write_from(self, src: LocalMemory, *, timeout: Optional[float] = None) -> Future[int]:
+    def write_from(
+        self, src: LocalMemory, *, timeout: Optional[float] = DEFAULT_TIMEOUT
+    ) -> Future[int]:
         """Copies the whole of `src` (at most `size()` bytes) into the front of
         the buffer. Starts at once; returns a Future of the bytes moved."""
         if self._dropped:
             self._check()
+        if not self._route_seen:
+            self._see_route()
         return Future(default_manager().write_from(self._handle, src, timeout, notify()))
+
+    def _see_route(self) -> None:
+        """Warns, once per owner, when the owner can be reached only over TCP."""
+        self._route_seen = True
+        owner = self._handle.owner[0]
+        if owner in _tcp_owners_warned:
+            return
+        try:
+            route = default_manager().transport_for(self._handle)
+        except Exception:  # noqa: BLE001 -- the transfer reports it
+            return
+        if route == "tcp":
+            _tcp_owners_warned.add(owner)
+            _warn_tcp(
+                f"rdmabuf: {self._handle.describe()} is reached over TCP "
+                "(no RDMA transport in common with its owner)"
+            )
 
     def drop(self) -> Future[None]:
         """Stops sharing the memory; idempotent.
@@ -188,22 +252,40 @@ class RDMABuffer:
             raise NotFoundError(f"{self._handle.describe()}: this RDMABuffer was dropped")
 
 
+def _deprecated(old: str, new: str) -> None:
+    # stacklevel: the user's call, above the deprecated method.
+    warnings.warn(f"{old} is deprecated; use {new}, Monarch's spelling", DeprecationWarning,
+                  stacklevel=3)
+
+
+def _as_buffer(obj: Any, what: str) -> RDMABuffer:
+    if not isinstance(obj, RDMABuffer):
+        raise TypeError(
+            f"{what} must be an RDMABuffer, not {type(obj).__name__} "
+            "(read_remote(dst, src) takes local memory first, write_remote(dst, src) "
+            "the buffer first)"
+        )
+    obj._check()
+    return obj
+
+
 def _rebuild(data: bytes) -> RDMABuffer:
     """Unpickles an RDMABuffer: decodes the handle's bytes, nothing else."""
     return RDMABuffer.from_bytes(data)
 
 
 class RDMAAction:
-    """A batch of reads and writes submitted at once.
+    """A batch of reads and writes submitted at once (Monarch's RDMAAction).
 
-    ``RDMAAction().read_into(buf, dst).write_from(buf2, src).submit()``: every
-    op starts together; ops to one owner are pipelined on its connections,
-    ops to different owners run concurrently. The Future resolves to None
-    when every op succeeded, or raises the error of the first failed op (by
-    position, in `op_index`); the other ops still ran. Sizes are checked
-    when an op is added (ValueError), local memory again at submit, where a
-    read into memory that another op of the batch also uses is a ValueError.
-    An action may be submitted many times.
+    ``RDMAAction().read_remote(dst, buf).write_remote(buf2, src).submit()``:
+    every op starts together when submitted; ops to one owner are pipelined
+    on its connections, ops to different owners run concurrently. The Future
+    resolves to None when every op succeeded, or raises the error of the
+    first failed op (by position, in `op_index`); the other ops still ran.
+    Sizes are checked when an op is added (ValueError), local memory again at
+    submit, where a read into memory that another op of the batch also uses
+    is a ValueError. An action may be submitted again: each submit runs the
+    same ops again, on the memory as it is then.
     """
 
     __slots__ = ("_ops",)
@@ -211,32 +293,58 @@ class RDMAAction:
     def __init__(self) -> None:
         self._ops: List[Tuple[bool, _rdmabuf.Handle, Any]] = []
 
-    def read_into(self, buf: RDMABuffer, dst: LocalMemory) -> Self:
-        """Adds a read of the whole of `buf` into the front of `dst`."""
-        buf._check()
+    def read_remote(self, dst: LocalMemory, src: RDMABuffer) -> Self:
+        """Adds a read of the whole of remote `src` into the front of local `dst`."""
+        src = _as_buffer(src, "read_remote: src")
+        if not src._route_seen:
+            src._see_route()
         size = _rdmabuf.local_size(dst, True)
-        if size < buf.size():
+        if size < src.size():
             raise InvalidArgumentError(
-                f"read_into: dst holds {size} B, less than the buffer's {buf.size()} B"
+                f"read_remote: dst holds {size} B, less than the buffer's {src.size()} B"
             )
-        self._ops.append((True, buf._handle, dst))
+        self._ops.append((True, src._handle, dst))
         return self
 
-    def write_from(self, buf: RDMABuffer, src: LocalMemory) -> Self:
-        """Adds a write of the whole of `src` into the front of `buf`."""
-        buf._check()
+    def write_remote(self, dst: RDMABuffer, src: LocalMemory) -> Self:
+        """Adds a write of the whole of local `src` into the front of remote `dst`."""
+        dst = _as_buffer(dst, "write_remote: dst")
+        if not dst._route_seen:
+            dst._see_route()
         size = _rdmabuf.local_size(src, False)
-        if size > buf.size():
+        if size > dst.size():
             raise InvalidArgumentError(
-                f"write_from: src holds {size} B, more than the buffer's {buf.size()} B"
+                f"write_remote: src holds {size} B, more than the buffer's {dst.size()} B"
             )
-        self._ops.append((False, buf._handle, src))
+        self._ops.append((False, dst._handle, src))
         return self
+
+    def fetch_add(self, src: RDMABuffer, dst: LocalMemory, add: int) -> Self:
+        """Monarch's remote fetch-and-add; not implemented yet (nor in Monarch)."""
+        raise NotImplementedError("RDMAAction.fetch_add: remote atomics are not implemented yet")
+
+    def compare_and_swap(
+        self, src: RDMABuffer, dst: LocalMemory, compare: int, swap: int
+    ) -> Self:
+        """Monarch's remote compare-and-swap; not implemented yet (nor in Monarch)."""
+        raise NotImplementedError(
+            "RDMAAction.compare_and_swap: remote atomics are not implemented yet"
+        )
+
+    def read_into(self, buf: RDMABuffer, dst: LocalMemory) -> Self:
+        """Deprecated spelling of ``read_remote(dst, buf)`` (note the order)."""
+        _deprecated("RDMAAction.read_into(buf, dst)", "read_remote(dst, buf)")
+        return self.read_remote(dst, buf)
+
+    def write_from(self, buf: RDMABuffer, src: LocalMemory) -> Self:
+        """Deprecated spelling of ``write_remote(buf, src)``."""
+        _deprecated("RDMAAction.write_from(buf, src)", "write_remote(buf, src)")
+        return self.write_remote(buf, src)
 
     def __len__(self) -> int:
         return len(self._ops)
 
-    def submit(self, *, timeout: Optional[float] = None) -> Future[None]:
-        """Starts every op; `timeout` (seconds) bounds the whole batch."""
+    def submit(self, *, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Future[None]:
+        """Starts every op; `timeout` (seconds; None: the configured default)
+        bounds the whole batch."""
         return Future(default_manager().submit(list(self._ops), timeout, notify()))
-

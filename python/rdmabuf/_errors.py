@@ -32,6 +32,7 @@ __all__ = [
     "ResourceExhaustedError",
     "UnimplementedError",
     "InternalError",
+    "RDMATcpFallbackWarning",
 ]
 
 
@@ -205,3 +206,12 @@ _rdmabuf.set_error_types({int(code): cls for code, cls in ERROR_TYPES.items()})
 def error_for(code: StatusCode, message: str) -> Error:
     """The exception rdmabuf raises for `code`."""
     return ERROR_TYPES.get(code, Error)(message, code)
+
+
+class RDMATcpFallbackWarning(Warning):
+    """Bytes will move over TCP, not RDMA: warned when a buffer is created in
+    a process where no RDMA transport is viable (peers on other hosts can
+    reach it only over TCP), and when this process first reaches a buffer of
+    some owner over TCP. Silence it with ``warnings.filterwarnings("ignore",
+    category=rdmabuf.RDMATcpFallbackWarning)``, or forbid the fallback with
+    ``configure(allow_tcp_fallback=False)``."""

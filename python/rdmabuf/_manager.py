@@ -18,7 +18,17 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 from . import _rdmabuf
 from ._errors import FailedPreconditionError
 
-__all__ = ["Config", "BackendInfo", "configure", "config", "backends", "shutdown"]
+__all__ = [
+    "Config",
+    "BackendInfo",
+    "configure",
+    "config",
+    "backends",
+    "shutdown",
+    "get_rdma_backend",
+    "is_ibverbs_available",
+    "is_rdma_available",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +64,9 @@ class _State:
         self.manager: Optional[_rdmabuf.Manager] = None
         self.pid = os.getpid()
         self.overrides: Dict[str, Any] = {}
+        # get_rdma_backend() of `manager`, once asked (listing backends
+        # opens every RDMA device).
+        self.rdma_backend: Optional[str] = None
 
 
 _state = _State()
@@ -131,6 +144,41 @@ def backends() -> List[BackendInfo]:
         BackendInfo(name, viable, reason)
         for name, _level, viable, reason, _details in default_manager().backends()
     ]
+
+
+def get_rdma_backend() -> str:
+    """The transport this process offers peers on other hosts, as Monarch
+    names it: "ibverbs" when an RDMA device is usable, else "tcp" (unless
+    TCP fallback is disabled), else "none". Same-host peers use shared
+    memory whatever this says. Creates the manager; cached for its life."""
+    state = _state
+    manager = default_manager()
+    cached = state.rdma_backend
+    if cached is not None and state.manager is manager:
+        return cached
+    viable = {name for name, _level, ok, _reason, _details in manager.backends() if ok}
+    if "ibverbs" in viable:
+        result = "ibverbs"
+    elif "tcp" in viable and manager.config()["allow_tcp_fallback"]:
+        result = "tcp"
+    else:
+        result = "none"
+    if state.manager is manager:
+        state.rdma_backend = result
+    return result
+
+
+def is_ibverbs_available() -> bool:
+    """True when this process can move bytes with RDMA (an ibverbs device is
+    usable); creates the manager."""
+    return get_rdma_backend() == "ibverbs"
+
+
+def is_rdma_available() -> bool:
+    """True when RDMABuffer can reach peers on other hosts at all: over
+    ibverbs, or over TCP where the fallback is allowed (Monarch's meaning);
+    creates the manager."""
+    return get_rdma_backend() != "none"
 
 
 def shutdown() -> None:

@@ -153,7 +153,7 @@ def python_figures(peer: Peer, iters: int, samples: int) -> Dict[str, float]:
 
         action = rdmabuf.RDMAAction()
         for s, d in zip(slices, dsts):
-            action.read_into(s, d)
+            action.read_remote(d, s)
         figures["action"] = gbps_of(lambda: action.submit().get(), WINDOW)
         check(WINDOW)
 

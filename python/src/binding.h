@@ -83,6 +83,12 @@ class PyLocal {
   // for here, with the GIL released, so the transfer sees it done.
   static PyLocal acquire(py::handle obj, bool writable, const char* what);
 
+  // Gives host memory taken from `obj` the identity of its storage as its
+  // keepalive (storage_identity), so that transfers on the same tensor or
+  // array reuse one registration with a NIC. For memory read into or
+  // written from; not for registrations, which hold their memory themselves.
+  void identify(py::handle obj);
+
   const LocalMemory& memory() const { return memory_; }
   size_t size() const { return memory_.size(); }
   // Drops the export / reference (GIL held).
@@ -104,6 +110,13 @@ class PyLocal {
 // The memory of a CUDA torch tensor's data (its checks done), once the work
 // queued on its current stream has finished (gpu_local.cc).
 LocalMemory torch_cuda_memory(py::handle tensor, uintptr_t data, uint64_t nbytes, const char* what);
+// The identity of the storage behind host memory taken from `obj` (a torch
+// tensor when `is_tensor`): one token per tensor or array storage, dropped
+// when that storage's root object is collected or its memory moves; null
+// for objects whose life cannot be watched (storage_identity.cc). GIL held.
+std::shared_ptr<const void> storage_identity(py::handle obj, bool is_tensor);
+// How many storages have an identity now (for tests).
+size_t storage_identity_count();
 // Runs the deleter of a DLPack tensor PyLocal took (null: nothing). GIL held.
 void release_dlpack(void* managed);
 

@@ -50,6 +50,14 @@ const Torch* torch_types() {
 
 }  // namespace
 
+void PyLocal::identify(py::handle obj) {
+  if (memory_.on_gpu() || memory_.keepalive() || memory_.size() == 0) return;
+  const Torch* torch = torch_types();
+  const bool tensor = torch && PyObject_IsInstance(obj.ptr(), torch->tensor) == 1;
+  auto token = storage_identity(obj, tensor);
+  if (token) memory_ = LocalMemory(memory_.data(), memory_.size(), std::move(token));
+}
+
 PyLocal::PyLocal(PyLocal&& other) noexcept {
   *this = std::move(other);
 }

@@ -174,6 +174,7 @@ std::unique_ptr<PyTransfer> read_into(py::object self, const RemoteBuffer& remot
   check_handle(remote);
   const auto ms = pm.timeout_ms(timeout);
   PyLocal local = PyLocal::acquire(dst, /*writable=*/true, "read_into: dst");
+  local.identify(dst);
   if (local.size() < remote.size()) {
     raise_code(StatusCode::kInvalidArgument,
                "read_into: dst holds " + bytes_text(local.size()) + ", less than the buffer's " +
@@ -196,6 +197,7 @@ std::unique_ptr<PyTransfer> write_from(py::object self, const RemoteBuffer& remo
   check_handle(remote);
   const auto ms = pm.timeout_ms(timeout);
   PyLocal local = PyLocal::acquire(src, /*writable=*/false, "write_from: src");
+  local.identify(src);
   if (local.size() > remote.size()) {
     raise_code(StatusCode::kInvalidArgument,
                "write_from: src holds " + bytes_text(local.size()) + ", more than the buffer's " +
@@ -273,6 +275,7 @@ std::unique_ptr<PyTransfer> submit(py::object self, const py::list& specs,
     check_handle(remote);
     const std::string what = "RDMAAction op " + std::to_string(i) + (is_read ? ": dst" : ": src");
     PyLocal local = PyLocal::acquire(spec[2], is_read, what.c_str());
+    local.identify(spec[2]);
     if (is_read && local.size() < remote.size()) {
       raise_code(StatusCode::kInvalidArgument, what + " holds " + bytes_text(local.size()) +
                                                    ", less than the buffer's " +
@@ -333,6 +336,7 @@ PYBIND11_MODULE(_rdmabuf, m) {
       },
       "Checks obj as local memory (as read_into/write_from do) and returns its size in bytes.");
   m.def("fork_generation", &fork_generation);
+  m.def("storage_identity_count", &storage_identity_count);
 
   py::class_<RemoteBuffer>(m, "Handle")
       .def_property_readonly("id", &RemoteBuffer::id)
@@ -406,6 +410,17 @@ PYBIND11_MODULE(_rdmabuf, m) {
       .def("identity", [](const PyManager& pm) { return owner_tuple(pm.peek().identity()); })
       .def("backends", &backends_list)
       .def("registered_count", [](PyManager& pm) { return pm.get().registered_count(); })
+      .def("transport_for",
+           [](PyManager& pm, const RemoteBuffer& remote) {
+             check_handle(remote);
+             Manager& manager_of = pm.get();
+             Result<std::string> name = [&] {
+               py::gil_scoped_release nogil;
+               return manager_of.transport_for(remote);
+             }();
+             if (!name.ok()) raise_status(name.status());
+             return std::move(name).value();
+           })
       .def("register", &register_data)
       .def("read_into", &read_into)
       .def("write_from", &write_from)

@@ -539,7 +539,7 @@ def test_action_batches_reads_and_writes() -> None:
     buf_b = rdmabuf.RDMABuffer(b)
     out_a = np.zeros(64, dtype=np.uint8)
     src_b = torch.full((16,), 3.0)
-    action = rdmabuf.RDMAAction().read_into(buf_a, out_a).write_from(buf_b, src_b)
+    action = rdmabuf.RDMAAction().read_remote(out_a, buf_a).write_remote(buf_b, src_b)
     assert len(action) == 2
     assert action.submit(timeout=10).get() is None
     assert np.array_equal(out_a, a)
@@ -558,20 +558,20 @@ def test_action_batches_reads_and_writes() -> None:
 def test_action_size_and_overlap_checks() -> None:
     buf = rdmabuf.RDMABuffer(np.zeros(32, dtype=np.uint8))
     with pytest.raises(ValueError, match="less than"):
-        rdmabuf.RDMAAction().read_into(buf, np.zeros(31, dtype=np.uint8))
+        rdmabuf.RDMAAction().read_remote(np.zeros(31, dtype=np.uint8), buf)
     with pytest.raises(ValueError, match="more than"):
-        rdmabuf.RDMAAction().write_from(buf, np.zeros(33, dtype=np.uint8))
+        rdmabuf.RDMAAction().write_remote(buf, np.zeros(33, dtype=np.uint8))
     with pytest.raises(ValueError, match="read-only"):
-        rdmabuf.RDMAAction().read_into(buf, b"x" * 32)
+        rdmabuf.RDMAAction().read_remote(b"x" * 32, buf)
     local = np.zeros(64, dtype=np.uint8)
     # Two reads into overlapping memory, or a read into memory a write sends: refused.
     with pytest.raises(ValueError, match="overlaps"):
-        rdmabuf.RDMAAction().read_into(buf, local[:32]).read_into(buf, local[16:48]).submit()
+        rdmabuf.RDMAAction().read_remote(local[:32], buf).read_remote(local[16:48], buf).submit()
     with pytest.raises(ValueError, match="overlaps"):
-        rdmabuf.RDMAAction().write_from(buf, local[:32]).read_into(buf, local[8:40]).submit()
+        rdmabuf.RDMAAction().write_remote(buf, local[:32]).read_remote(local[8:40], buf).submit()
     # Writes from the same memory, and disjoint reads, are fine.
-    rdmabuf.RDMAAction().write_from(buf, local[:32]).write_from(buf, local[:16]).submit().get()
-    rdmabuf.RDMAAction().read_into(buf, local[:32]).read_into(buf, local[32:]).submit().get()
+    rdmabuf.RDMAAction().write_remote(buf, local[:32]).write_remote(buf, local[:16]).submit().get()
+    rdmabuf.RDMAAction().read_remote(local[:32], buf).read_remote(local[32:], buf).submit().get()
     buf.drop()
 
 
@@ -583,9 +583,9 @@ def test_action_reports_the_first_failed_op() -> None:
     out = np.zeros(48, dtype=np.uint8)
     action = (
         rdmabuf.RDMAAction()
-        .read_into(good, out[:16])
-        .read_into(handle, out[16:32])
-        .read_into(good, out[32:])
+        .read_remote(out[:16], good)
+        .read_remote(out[16:32], handle)
+        .read_remote(out[32:], good)
     )
     with pytest.raises(rdmabuf.NotFoundError) as info:
         action.submit().get()

@@ -51,14 +51,28 @@ fi
 
 # Emulated CPUs: the whole run takes about four minutes once the VM is cached.
 # The guest writes nothing but test output, which is kept to be checked.
+# The Python package's registrations over real verbs, where the build has
+# the package and Debian's python3 has pytest and numpy.
+py_path=""
+if ls "$build_dir"/python/rdmabuf/_rdmabuf*.so >/dev/null 2>&1 &&
+  /usr/bin/python3 -c 'import pytest, numpy' 2>/dev/null; then
+  py_path="$build_dir/python"
+else
+  echo "not run: tests/python/test_registrations.py (no Python package in this build," \
+    "or /usr/bin/python3 lacks pytest or numpy)"
+fi
+
 log=$(mktemp "${TMPDIR:-/tmp}/softroce-tests.XXXXXX")
 trap 'rm -f "$log"' EXIT
 status=0
 RDMABUF_TEST_REQUIRE_BACKENDS=ibverbs "$repo/scripts/softroce-vm" --timeout 1500 \
   --share "$build_dir" -- \
   sh -c '"$1" --gtest_filter="*/ibverbs:$4-$3" && "$2" --gtest_filter="Ibverbs*" &&
-          { [ "$6" = 0 ] || FAKE_CUDA_PEER_MEMORY=1 "$1" --gtest_filter="$5"; }' \
-  sh "$conformance" "$integration" "$known_gaps" "$staged_tests" "$gpu_tests" "$run_gpu" 2>&1 |
+          { [ "$6" = 0 ] || FAKE_CUDA_PEER_MEMORY=1 "$1" --gtest_filter="$5"; } &&
+          { [ -z "$7" ] || RDMABUF_BACKENDS=ibverbs PYTHONPATH="$7" PYTHONDONTWRITEBYTECODE=1 \
+              /usr/bin/python3 -m pytest -q -p no:cacheprovider "$8"; }' \
+  sh "$conformance" "$integration" "$known_gaps" "$staged_tests" "$gpu_tests" "$run_gpu" \
+  "$py_path" "$repo/tests/python/test_registrations.py" 2>&1 |
   tee "$log" || status=${PIPESTATUS[0]}
 if [ "$status" = 125 ]; then
   echo "skipped: the Soft-RoCE VM cannot be set up on this machine (see above)"
@@ -68,6 +82,10 @@ fi
 if grep -q '^\[  SKIPPED \]' "$log"; then
   echo "failed: tests were skipped inside the VM, which exists to run them:"
   grep '^\[  SKIPPED \]' "$log" | sort -u
+  exit 1
+fi
+if grep -qE '^[0-9]+ passed, [0-9]+ skipped' "$log"; then
+  echo "failed: Python tests were skipped inside the VM, which exists to run them"
   exit 1
 fi
 passed=$(grep -c '^\[  PASSED  \] [1-9]' "$log" || true)
