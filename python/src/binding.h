@@ -110,12 +110,15 @@ class PyLocal {
 // The memory of a CUDA torch tensor's data (its checks done), once the work
 // queued on its current stream has finished (gpu_local.cc).
 LocalMemory torch_cuda_memory(py::handle tensor, uintptr_t data, uint64_t nbytes, const char* what);
-// The identity of the storage behind host memory taken from `obj` (a torch
-// tensor when `is_tensor`): one token per tensor or array storage, dropped
-// when that storage's root object is collected or its memory moves; null
-// for objects whose life cannot be watched (storage_identity.cc). GIL held.
+// Watches the storage behind host memory taken from `obj` (a torch tensor
+// when `is_tensor`) so that transfers on it reuse one NIC registration: its
+// extent is remembered (remember_memory) until its root object is collected
+// or its memory moves (storage_identity.cc). Returns the token to pass as
+// the memory's keepalive where the extent could not be remembered; null
+// where nothing needs passing (remembered) or nothing can be watched (bytes,
+// bytearray). GIL held.
 std::shared_ptr<const void> storage_identity(py::handle obj, bool is_tensor);
-// How many storages have an identity now (for tests).
+// How many storages are watched now (for tests).
 size_t storage_identity_count();
 // Runs the deleter of a DLPack tensor PyLocal took (null: nothing). GIL held.
 void release_dlpack(void* managed);
