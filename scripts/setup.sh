@@ -19,11 +19,14 @@ build_dir=${RDMABUF_BUILD_DIR:-build}
 # format check: clang-format; benchmark peers: iperf3 qperf ucx-utils; the ibverbs
 # backend's header (it loads libibverbs at run time): libibverbs-dev; the Python
 # package (python/) and its tests: pybind11-dev python3-dev python3-numpy
-# python3-torch python3-pytest, for Debian's /usr/bin/python3.
+# python3-torch python3-pytest, for Debian's /usr/bin/python3; `pip install .`
+# into a venv without build isolation (the pip_install test): python3-venv
+# python3-pip python3-setuptools python3-wheel.
 packages=(cmake ninja-build g++ make pkg-config googletest libgtest-dev clang-format iperf3 qperf
   ucx-utils
   libibverbs-dev
-  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest)
+  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
+  python3-venv python3-pip python3-setuptools python3-wheel)
 
 scripts/install-packages.sh "${packages[@]}"
 
