@@ -37,11 +37,6 @@ DEFAULT_TIMEOUT = 60.0
 _tcp_owners_warned: Set[int] = set()
 
 
-def _warn_tcp(message: str) -> None:
-    # stacklevel: the user's call, above this module's method.
-    warnings.warn(message, RDMATcpFallbackWarning, stacklevel=4)
-
-
 class Owner(NamedTuple):
     """Who registered a buffer: the owner process's manager."""
 
@@ -187,18 +182,16 @@ class RDMABuffer:
         """Warns, once per owner, when the owner can be reached only over TCP."""
         self._route_seen = True
         owner = self._handle.owner[0]
-        if owner in _tcp_owners_warned:
+        if owner in _tcp_owners_warned or self.backend != "tcp":
             return
-        try:
-            route = default_manager().transport_for(self._handle)
-        except Exception:  # noqa: BLE001 -- the transfer reports it
-            return
-        if route == "tcp":
-            _tcp_owners_warned.add(owner)
-            _warn_tcp(
-                f"rdmabuf: {self._handle.describe()} is reached over TCP "
-                "(no RDMA transport in common with its owner)"
-            )
+        _tcp_owners_warned.add(owner)
+        # stacklevel: the user's call, above the method that called this one.
+        warnings.warn(
+            f"rdmabuf: {self._handle.describe()} is reached over TCP "
+            "(no RDMA transport in common with its owner)",
+            RDMATcpFallbackWarning,
+            stacklevel=3,
+        )
 
     def drop(self) -> Future[None]:
         """Stops sharing the memory; idempotent.

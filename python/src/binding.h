@@ -103,6 +103,8 @@ class PyLocal {
   Py_buffer view_{};
   bool has_view_ = false;
   py::object keep_;
+  // Taken from a torch tensor (the tensor is keep_).
+  bool tensor_ = false;
   // A DLPack tensor taken from its capsule: its deleter runs on reset().
   void* dlpack_ = nullptr;
 };

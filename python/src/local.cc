@@ -52,9 +52,7 @@ const Torch* torch_types() {
 
 void PyLocal::identify(py::handle obj) {
   if (memory_.on_gpu() || memory_.keepalive() || memory_.size() == 0) return;
-  const Torch* torch = torch_types();
-  const bool tensor = torch && PyObject_IsInstance(obj.ptr(), torch->tensor) == 1;
-  auto token = storage_identity(obj, tensor);
+  auto token = storage_identity(obj, tensor_);
   if (token) memory_ = LocalMemory(memory_.data(), memory_.size(), std::move(token));
 }
 
@@ -70,6 +68,7 @@ PyLocal& PyLocal::operator=(PyLocal&& other) noexcept {
     has_view_ = std::exchange(other.has_view_, false);
     other.view_ = Py_buffer{};
     keep_ = std::move(other.keep_);
+    tensor_ = std::exchange(other.tensor_, false);
     dlpack_ = std::exchange(other.dlpack_, nullptr);
     other.memory_ = LocalMemory();
   }
@@ -84,6 +83,7 @@ void PyLocal::reset() {
   release_dlpack(dlpack_);
   dlpack_ = nullptr;
   keep_ = py::object();
+  tensor_ = false;
   memory_ = LocalMemory();
 }
 
@@ -152,6 +152,7 @@ PyLocal PyLocal::acquire(py::handle obj, bool writable, const char* what) {
     local.memory_ = cuda ? torch_cuda_memory(obj, ptr, nbytes, what)
                          : LocalMemory(reinterpret_cast<void*>(ptr), nbytes);
     local.keep_ = py::reinterpret_borrow<py::object>(obj);
+    local.tensor_ = true;
     return local;
   }
 

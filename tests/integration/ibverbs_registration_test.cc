@@ -60,6 +60,14 @@ class IbverbsRegistrationTest : public ::testing::Test {
     EXPECT_EQ(find_mismatch(std::span(dst.data(), kSize), seed), std::nullopt);
   }
 
+  // Reads into `dst` three times, each checked; the registrations made.
+  uint64_t registrations_for_three_reads(const LocalMemory& dst) {
+    const uint64_t before = made();
+    for (int i = 0; i < 3; ++i)
+      read_and_check(dst, 51);
+    return made() - before;
+  }
+
   // Overwrites the owner's buffer with `seed`'s pattern (from memory with a
   // keepalive, which the cases below do not count on).
   void change_remote(uint64_t seed) {
@@ -104,18 +112,13 @@ TEST_F(IbverbsRegistrationTest, RememberedMemoryIsRegisteredOnceForAllOpsOnIt) {
 
   // Forgotten: registered per op again.
   EXPECT_EQ(forget_memory(arena.data, arena.size), 1u);
-  for (int i = 0; i < 3; ++i)
-    read_and_check(LocalMemory(arena.data, kSize), 51);
-  EXPECT_EQ(made() - made_before, 4u);
+  EXPECT_EQ(registrations_for_three_reads(LocalMemory(arena.data, kSize)), 3u);
 }
 
 TEST_F(IbverbsRegistrationTest, MemoryWithoutAKeepaliveOrARangeIsRegisteredPerOp) {
   Mapping plain(kSize);
   ASSERT_NE(plain.data, nullptr);
-  const uint64_t made_before = made();
-  for (int i = 0; i < 3; ++i)
-    read_and_check(LocalMemory(plain.data, kSize), 51);
-  EXPECT_EQ(made() - made_before, 3u);
+  EXPECT_EQ(registrations_for_three_reads(LocalMemory(plain.data, kSize)), 3u);
 }
 
 TEST_F(IbverbsRegistrationTest, MemoryWithAKeepaliveIsRegisteredOnceWhileItLives) {
@@ -123,10 +126,7 @@ TEST_F(IbverbsRegistrationTest, MemoryWithAKeepaliveIsRegisteredOnceWhileItLives
   ASSERT_NE(mapped.data, nullptr);
   // An identity that owns nothing, as the Python package gives each storage.
   auto token = std::make_shared<const int>(0);
-  const uint64_t made_before = made();
-  for (int i = 0; i < 3; ++i)
-    read_and_check(LocalMemory(mapped.data, kSize, token), 51);
-  EXPECT_EQ(made() - made_before, 1u);
+  EXPECT_EQ(registrations_for_three_reads(LocalMemory(mapped.data, kSize, token)), 1u);
 }
 
 // The case a registration cache must not get wrong: the reader's memory is
