@@ -1,8 +1,11 @@
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <string>
 
 #include "common/cuda_driver.h"
+#include "common/file_backing.h"
+#include "common/shared_file.h"
 #include "common/strings.h"
 #include "common/wire.h"
 #include "rdmabuf/memory.h"
@@ -12,8 +15,30 @@ namespace rdmabuf {
 
 Result<LocalMemory> LocalMemory::allocate(size_t size) {
   if (size == 0) return InvalidArgument("cannot allocate 0 bytes");
-  // mmap gives page-aligned, zero-filled memory and returns it to the kernel
-  // on free, whatever its size.
+  // In a memfd of its own, sealed at its size, so that a reader on this
+  // host can map it and copy with loads and stores (common/file_backing.h);
+  // mmap gives page-aligned, zero-filled memory and returns it to the
+  // kernel on free, whatever its size. Anonymous memory where the kernel
+  // refuses a memfd.
+  auto file = create_sealed_memfd("rdmabuf", size, "an allocation");
+  if (file.ok()) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, file->get(), 0);
+    if (p != MAP_FAILED) {
+      const int fd = file->release();
+      note_allocation(p, size, fd);
+      std::shared_ptr<const void> owner(p, [size, fd](const void* q) {
+        forget_allocation(q);
+        ::munmap(const_cast<void*>(q), size);
+        ::close(fd);
+      });
+      return LocalMemory(p, size, std::move(owner));
+    }
+  }
+  return allocate_private(size);
+}
+
+Result<LocalMemory> LocalMemory::allocate_private(size_t size) {
+  if (size == 0) return InvalidArgument("cannot allocate 0 bytes");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     return ResourceExhausted("cannot allocate " + format_bytes(size) + " of host memory");

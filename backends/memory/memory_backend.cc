@@ -4,24 +4,30 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 
+#include "backends/memory/file_mappings.h"
 #include "backends/memory/gpu_copy.h"
 #include "backends/memory/handle_context.h"
 #include "backends/memory/shared_state.h"
+#include "common/copy.h"
+#include "common/file_backing.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "common/op_text.h"
@@ -50,6 +56,22 @@ int read_ptrace_scope() {
   return -1;  // no Yama: classic ptrace rules (same user, dumpable)
 }
 
+// Copies between this process's memory and a mapping of an owner's file:
+// inline up to 32 bytes (an 8 B op's copy is a load and a store), memcpy
+// beyond, whose choice of method by size glibc tunes to the CPU.
+inline void copy_mapped_bytes(std::byte* to, const std::byte* from, uint64_t length) {
+  if (length <= 32) {
+    copy_short(to, from, length);
+  } else {
+    std::memcpy(to, from, length);
+  }
+}
+
+uint64_t next_serial() {
+  static std::atomic<uint64_t> serial{0};
+  return serial.fetch_add(1) + 1;
+}
+
 // One owner, as seen by this reader: whether it can be reached and, if so,
 // its process and mapped shared state.
 struct OwnerView {
@@ -57,8 +79,12 @@ struct OwnerView {
   pid_t pid = 0;
   Fd pidfd;
   std::unique_ptr<Segment> segment;
-  std::unique_ptr<GpuMappings> gpu;  // its buffers in GPU memory, as mapped here
+  std::unique_ptr<GpuMappings> gpu;     // its buffers in GPU memory, as mapped here
+  std::unique_ptr<FileMappings> files;  // its buffers in shared files, as mapped here
   std::atomic<bool> exited{false};
+  // When the pidfd was last asked (CLOCK_MONOTONIC_COARSE, ns), for
+  // recently_alive().
+  std::atomic<int64_t> checked_at{0};
 
   // False once the owner process has exited (checked with its pidfd, so a
   // reused pid can never be mistaken for the owner).
@@ -67,6 +93,23 @@ struct OwnerView {
     pollfd p{pidfd.get(), POLLIN, 0};
     if (::poll(&p, 1, 0) > 0) exited.store(true);
     return !exited.load(std::memory_order_relaxed);
+  }
+
+  // alive(), asking the pidfd at most once per tick of the coarse clock: a
+  // copy through a mapping of the owner's file makes no system call that
+  // would notice the owner exited, and a poll() per op would cost more than
+  // the copy. False for an op that starts a tick or more after the owner
+  // exited; one that starts sooner may copy as if just before.
+  bool recently_alive() {
+    if (exited.load(std::memory_order_relaxed)) return false;
+    // The coarse clock (a read of the kernel's tick, no fence) advances
+    // once a tick (1 to 10 ms): the pidfd is asked once a tick at most.
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    const int64_t now = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+    if (now == checked_at.load(std::memory_order_relaxed)) return true;
+    checked_at.store(now, std::memory_order_relaxed);
+    return alive();
   }
 };
 
@@ -116,11 +159,24 @@ class MemoryBackend final : public Backend {
     if (memory.on_gpu()) {
       RDMABUF_ASSIGN_OR_RETURN(gpu, export_gpu_memory(memory));
     }
+    // Host memory in a shared file is published with the file, which stays
+    // open here while the buffer is registered.
+    std::optional<FileBacking> backing;
+    FileExport file;
+    if (!memory.on_gpu()) backing = find_file_backing(memory.data(), memory.size());
+    if (backing) {
+      file.offset = backing->offset;
+      file.device = backing->device;
+      file.inode = backing->inode;
+      file.fd = static_cast<uint32_t>(backing->fd.get());
+      file.sealed = backing->sealed ? 1 : 0;
+    }
     RDMABUF_ASSIGN_OR_RETURN(auto published, slots_.publish(memory.data(), memory.size(), token,
-                                                            memory.on_gpu() ? &gpu : nullptr));
+                                                            memory.on_gpu() ? &gpu : nullptr,
+                                                            backing ? &file : nullptr));
     {
       std::lock_guard lock(owned_mu_);
-      owned_[id] = published.first;
+      owned_[id] = Owned{published.first, backing ? std::move(backing->fd) : Fd()};
     }
     HandleContext c;
     c.pid = static_cast<uint32_t>(getpid());
@@ -134,15 +190,16 @@ class MemoryBackend final : public Backend {
   }
 
   void unregister_memory(uint64_t id) override {
-    uint32_t slot;
+    Owned owned;
     {
       std::lock_guard lock(owned_mu_);
       auto it = owned_.find(id);
       if (it == owned_.end()) return;
-      slot = it->second;
+      owned = std::move(it->second);
       owned_.erase(it);
     }
-    slots_.retract(slot);  // returns once no reader copies from it
+    slots_.retract(owned.slot);  // returns once no reader copies from it
+    // owned.file closes here: no reader opens it once the slot is retracted.
   }
 
   // --- reader side --------------------------------------------------------
@@ -177,7 +234,7 @@ class MemoryBackend final : public Backend {
     // Ops of one batch mostly share a handle (slices of it): decode its
     // context and find its owner once per handle, not once per op.
     const std::vector<BackendContext>* last_handle = nullptr;
-    Result<HandleContext> c = InvalidArgument("no op yet");
+    Result<HandleContext> c = HandleContext{};  // decoded at the first op: last_handle is null
     std::shared_ptr<OwnerView> view;
     for (uint32_t i : indices) {
       const Op& op = transfer->op(i);
@@ -232,8 +289,9 @@ class MemoryBackend final : public Backend {
     if (jobs.size() > 1 && total_bytes >= 2 * kMinPiece && helpers_wanted_ > 0) {
       run_in_parallel(std::move(jobs));
     } else {
-      for (Job& job : jobs)
-        run(job);
+      // The first job starts as the transfer does, before its deadline.
+      for (size_t j = 0; j < jobs.size(); ++j)
+        run(jobs[j], /*check_deadline=*/j > 0);
     }
   }
 
@@ -251,6 +309,24 @@ class MemoryBackend final : public Backend {
 
  private:
   std::shared_ptr<OwnerView> view_for(const PeerIdentity& owner, const HandleContext& c) {
+    // A thread's ops mostly go to one owner: the last one this thread asked
+    // for is looked up without the lock (routing and copying an op ask twice).
+    struct LastView {
+      uint64_t backend = 0;
+      uint64_t manager_id = 0;
+      uint32_t pid = 0;
+      std::weak_ptr<OwnerView> view;
+    };
+    thread_local LastView last;
+    if (last.backend == serial_ && last.manager_id == owner.manager_id && last.pid == c.pid) {
+      if (auto view = last.view.lock()) return view;
+    }
+    auto view = find_or_examine(owner, c);
+    last = LastView{serial_, owner.manager_id, c.pid, view};
+    return view;
+  }
+
+  std::shared_ptr<OwnerView> find_or_examine(const PeerIdentity& owner, const HandleContext& c) {
     const std::pair<uint64_t, uint32_t> key{owner.manager_id, c.pid};
     {
       std::shared_lock lock(views_mu_);
@@ -307,17 +383,20 @@ class MemoryBackend final : public Backend {
     }
     if (!view.alive()) return Unavailable("the owner process has exited");
     view.gpu = std::make_unique<GpuMappings>(view.pid, view.pid == ::getpid());
+    view.files = std::make_unique<FileMappings>(view.pid);
     return Status::Ok();
   }
 
-  // Copies what `job` names and completes its parts.
-  void run(Job& job) {
+  // Copies what `job` names and completes its parts. `check_deadline`:
+  // whether the transfer may have run out of time before this job starts
+  // (false for its first job, run inside submit(): no clock read).
+  void run(Job& job, bool check_deadline = true) {
     TransferState& t = *job.transfer;
     auto complete_all = [&](const Status& st) {
       for (uint32_t i : job.ops)
         t.complete_part(i, st.ok() ? st : with_op(t, i, st));
     };
-    if (t.enforce_deadline() || !job.view->usable.ok()) {
+    if ((check_deadline ? t.enforce_deadline() : t.finished()) || !job.view->usable.ok()) {
       complete_all(job.view->usable.ok() ? Cancelled("cancelled") : job.view->usable);
       return;
     }
@@ -362,9 +441,10 @@ class MemoryBackend final : public Backend {
   // The copy itself, under a pin on the buffer's slot.
   Status copy(Job& job) {
     OwnerView& view = *job.view;
-    // Mappings of GPU buffers the owner has released close at the next op
+    // Mappings of buffers the owner has released close at the next op
     // towards it (a released buffer's own op included).
     view.gpu->sweep(*view.segment);
+    view.files->sweep(*view.segment);
     Pin pin;
     RDMABUF_RETURN_IF_ERROR(pin.acquire(*view.segment, job.slot, job.generation));
     const Slot& slot = view.segment->slot(job.slot);
@@ -373,6 +453,10 @@ class MemoryBackend final : public Backend {
     // genuine one, so each op's own size and token are checked.
     for (uint32_t i : job.ops) {
       RDMABUF_RETURN_IF_ERROR(check_against_slot(slot, job.transfer->op(i).remote));
+    }
+    if (slot.in_file) {
+      if (!view.recently_alive()) return Unavailable("the owner process has exited");
+      return copy_mapped(job, slot, pin);
     }
     if (!view.alive()) return Unavailable("the owner process has exited");
     if (slot.on_gpu) return copy_gpu(job, slot, pin);
@@ -413,7 +497,7 @@ class MemoryBackend final : public Backend {
   // The copy of a buffer in GPU memory, by the CUDA driver, under `pin`.
   Status copy_gpu(Job& job, const Slot& slot, Pin& pin) {
     OwnerView& view = *job.view;
-    RDMABUF_RETURN_IF_ERROR(pin.arm_gpu());
+    RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
     // `at` keeps the mapping open until the copy has returned.
     RDMABUF_ASSIGN_OR_RETURN(auto at, view.gpu->address_of(slot, job.slot, job.generation));
     std::vector<GpuRange> ranges;
@@ -426,6 +510,27 @@ class MemoryBackend final : public Backend {
           GpuRange{op.local.data() + offset, at.base + op.remote.offset() + offset, length});
     }
     return copy_gpu_ranges(job.kind, ranges, at.device);
+  }
+
+  // The copy of a buffer in a shared file, through this process's mapping
+  // of it, under `pin`: loads and stores, no system call.
+  Status copy_mapped(Job& job, const Slot& slot, Pin& pin) {
+    RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
+    // `at` keeps the mapping until the copy has returned.
+    RDMABUF_ASSIGN_OR_RETURN(auto at, job.view->files->address_of(slot, job.slot, job.generation));
+    for (uint32_t i : job.ops) {
+      const Op& op = job.transfer->op(i);
+      const uint64_t offset = job.piece_length ? job.piece_offset : 0;
+      const uint64_t length = job.piece_length ? job.piece_length : op.bytes();
+      std::byte* local = op.local.data() + offset;
+      std::byte* remote = at.base + op.remote.offset() + offset;
+      if (job.kind == OpKind::kReadIntoLocal) {
+        copy_mapped_bytes(local, remote, length);
+      } else {
+        copy_mapped_bytes(remote, local, length);
+      }
+    }
+    return Status::Ok();
   }
 
   // Whether the owner's buffer is in GPU memory, as its slot says now (a
@@ -534,6 +639,8 @@ class MemoryBackend final : public Backend {
   }
 
   BackendEnv env_;
+  // Tells this backend from any other in this process, before or after it.
+  const uint64_t serial_ = next_serial();
   std::unique_ptr<Segment> segment_;
   SlotTable slots_;
   const std::string host_id_;
@@ -541,8 +648,13 @@ class MemoryBackend final : public Backend {
   const int ptrace_scope_;
   size_t helpers_wanted_ = 0;
 
+  // A registered buffer: its slot, and its shared file if it lies in one.
+  struct Owned {
+    uint32_t slot = 0;
+    Fd file;
+  };
   std::mutex owned_mu_;
-  std::unordered_map<uint64_t, uint32_t> owned_;  // buffer id -> slot
+  std::unordered_map<uint64_t, Owned> owned_;  // buffer id -> its slot. Guarded by owned_mu_.
 
   std::shared_mutex views_mu_;
   std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<OwnerView>> views_;

@@ -132,7 +132,8 @@ SlotTable::SlotTable(Segment& segment) : segment_(segment) {
 }
 
 Result<std::pair<uint32_t, uint64_t>> SlotTable::publish(const void* base, uint64_t size,
-                                                         const Token& token, const GpuExport* gpu) {
+                                                         const Token& token, const GpuExport* gpu,
+                                                         const FileExport* file) {
   uint32_t index;
   {
     std::lock_guard lock(mu_);
@@ -149,6 +150,8 @@ Result<std::pair<uint32_t, uint64_t>> SlotTable::publish(const void* base, uint6
   std::memcpy(s.token, token.data(), sizeof s.token);
   s.on_gpu = gpu ? 1 : 0;
   s.gpu = gpu ? *gpu : GpuExport{};
+  s.in_file = file ? 1 : 0;
+  s.file = file ? *file : FileExport{};
   s.state.store(generation << 1 | 1, std::memory_order_release);
   return std::make_pair(index, generation);
 }
@@ -188,6 +191,7 @@ void SlotTable::retract(uint32_t index) {
   Slot& s = segment_.slot(index);
   const uint64_t generation = s.state.load(std::memory_order_relaxed) >> 1;
   s.state.store(generation << 1, std::memory_order_seq_cst);  // no new copies
+  segment_.header().retractions.fetch_add(1, std::memory_order_release);
   const uint64_t target = slot_target(index, generation);
   const uint32_t used =
       std::min(segment_.header().pins_used.load(std::memory_order_seq_cst), kPins);
@@ -212,7 +216,7 @@ void SlotTable::retract(uint32_t index) {
         break;
       }
       if (state == HolderState::kStopped &&
-          e.iov_count.load(std::memory_order_seq_cst) != kGpuCopy) {
+          e.iov_count.load(std::memory_order_seq_cst) != kUncancellableCopy) {
         const auto now = std::chrono::steady_clock::now();
         if (stopped_since == kNotStopped) stopped_since = now;
         if (now - stopped_since >= kStoppedReaderGrace && cancel_stopped_copy(e, holder, target)) {
@@ -292,8 +296,8 @@ Status Pin::arm(const iovec* local, const iovec* remote, size_t count) {
   return Status::Ok();
 }
 
-Status Pin::arm_gpu() {
-  entry_->iov_count.store(kGpuCopy, std::memory_order_seq_cst);
+Status Pin::arm_uncancellable() {
+  entry_->iov_count.store(kUncancellableCopy, std::memory_order_seq_cst);
   if (segment_->slot(slot_).state.load(std::memory_order_seq_cst) != (generation_ << 1 | 1)) {
     reset();
     return NotFound("the owner released this buffer");

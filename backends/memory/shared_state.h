@@ -40,9 +40,15 @@
 //
 // A buffer in GPU memory is published with its allocation's CUDA IPC handle,
 // and readers copy it through the CUDA driver (backends/memory/gpu_copy.h)
-// under the same pins. A GPU copy is the driver's and cannot be emptied from
-// outside: its pin entry is armed as kGpuCopy, and release waits for it even
-// while its holder is stopped (until the holder resumes or exits).
+// under the same pins. A buffer in host memory that lies in a shared file
+// (common/file_backing.h) is published with the file: readers map it once
+// (backends/memory/file_mappings.h) and copy with loads and stores, under
+// the same pins. Neither copy can be emptied from outside (the driver's
+// copy, or the reader's own loads and stores): its pin entry is armed as
+// kUncancellableCopy, and release waits for it even while its holder is
+// stopped (until the holder resumes or exits). Every retraction counts in
+// the header's `retractions`, which readers watch to drop the mappings of
+// released buffers.
 #pragma once
 
 #include <sys/types.h>
@@ -63,7 +69,7 @@
 
 namespace rdmabuf::memory {
 
-constexpr uint64_t kSegmentMagic = 0x3474617473627264ull;  // "rdbstat4"
+constexpr uint64_t kSegmentMagic = 0x3574617473627264ull;  // "rdbstat5"
 constexpr uint32_t kSlots = 16384;
 constexpr uint32_t kPins = 4096;
 
@@ -76,6 +82,9 @@ struct alignas(64) SegmentHeader {
   // One past the highest pin entry any reader ever claimed: release scans
   // only below it (a few entries, not kPins).
   std::atomic<uint32_t> pins_used;
+  // How many buffers the owner has retracted, ever: a reader that sees it
+  // move drops its mappings of buffers no longer live.
+  std::atomic<uint64_t> retractions;
 };
 
 // Where a buffer in GPU memory lies, for readers in other processes.
@@ -85,14 +94,24 @@ struct GpuExport {
   char pci_bus_id[16] = {};      // its GPU's, so a reader can find the same one
 };
 
+// Where a buffer in a shared file lies, for readers in other processes.
+struct FileExport {
+  uint64_t offset = 0;  // of the buffer's first byte within the file
+  uint64_t device = 0;  // the file's st_dev and st_ino: a reader checks that
+  uint64_t inode = 0;   //   the file it opened is this one
+  uint32_t fd = 0;      // the owner's descriptor of it, open while published
+  uint32_t sealed = 0;  // 1: sealed against shrinking
+};
+
 struct alignas(64) Slot {
   std::atomic<uint64_t> state;  // generation << 1 | live
   uint64_t base;                // written before `state` publishes them
   uint64_t size;
   uint8_t token[16];
-  uint32_t on_gpu;  // 1: `base` is a CUDA device pointer, `gpu` says where
-  uint32_t reserved;
+  uint32_t on_gpu;   // 1: `base` is a CUDA device pointer, `gpu` says where
+  uint32_t in_file;  // 1: host memory in a shared file, `file` says where
   GpuExport gpu;
+  FileExport file;
 };
 
 struct alignas(64) PinEntry {
@@ -108,8 +127,8 @@ struct alignas(64) PinEntry {
   std::atomic<uint32_t> cancelled;
 };
 
-// iov_count of an entry whose holder copies GPU memory (see above).
-constexpr uint32_t kGpuCopy = UINT32_MAX;
+// iov_count of an entry whose holder's copy cannot be cancelled (see above).
+constexpr uint32_t kUncancellableCopy = UINT32_MAX;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free to work across processes");
@@ -121,6 +140,14 @@ constexpr size_t segment_bytes() {
 // What a pin entry's target holds for (slot, generation); never 0.
 inline uint64_t slot_target(uint32_t slot, uint64_t generation) {
   return (generation << 24) | (static_cast<uint64_t>(slot) + 1);
+}
+
+// The slot and generation of a target.
+inline uint32_t target_slot(uint64_t target) {
+  return static_cast<uint32_t>(target & 0xffffff) - 1;
+}
+inline uint64_t target_generation(uint64_t target) {
+  return target >> 24;
 }
 
 // A mapping of a segment: the owner's own, or a reader's view of an owner's.
@@ -152,10 +179,12 @@ class Segment {
 class SlotTable {
  public:
   explicit SlotTable(Segment& segment);
-  // Publishes a buffer (`gpu`: where, when it is in GPU memory); returns its
-  // slot and generation. kResourceExhausted when every slot is in use.
+  // Publishes a buffer (`gpu`: where, when it is in GPU memory; `file`:
+  // where, when it lies in a shared file); returns its slot and generation.
+  // kResourceExhausted when every slot is in use.
   Result<std::pair<uint32_t, uint64_t>> publish(const void* base, uint64_t size, const Token& token,
-                                                const GpuExport* gpu = nullptr);
+                                                const GpuExport* gpu = nullptr,
+                                                const FileExport* file = nullptr);
   // How long a reader may stay stopped inside a copy from a buffer being
   // retracted before its copy is cancelled (see the header comment).
   static constexpr std::chrono::milliseconds kStoppedReaderGrace{1000};
@@ -186,9 +215,10 @@ class Pin {
   // stay where they are, in this thread's hands, until reset()) and checks
   // again that the buffer is live. kNotFound when it is not.
   Status arm(const iovec* local, const iovec* remote, size_t count);
-  // For a copy of GPU memory: marks the entry kGpuCopy and checks again
-  // that the buffer is live. kNotFound when it is not.
-  Status arm_gpu();
+  // For a copy nobody can empty from outside (GPU memory, a mapped file):
+  // marks the entry kUncancellableCopy and checks again that the buffer is
+  // live. kNotFound when it is not.
+  Status arm_uncancellable();
   // True once a releasing owner cancelled this copy: its iovecs were
   // emptied, and the op must fail (kNotFound) whatever moved.
   bool cancelled() const {

@@ -71,7 +71,21 @@ class LocalMemory {
   // Allocates `size` bytes of page-aligned host memory, zero-filled, owned by
   // the returned value's keepalive (freed when the last copy goes).
   // kInvalidArgument for size 0, kResourceExhausted when allocation fails.
+  //
+  // The memory lies in a file of its own (a memfd, sealed at its size), so
+  // that readers and writers on this host map it and copy with plain loads
+  // and stores, at memory speed, rather than through a system call per op
+  // (docs/performance.md). Like any MAP_SHARED memory it stays shared with
+  // a child after fork(), not copied on write. It holds one file descriptor
+  // while it lives; where the process has none left or the kernel refuses a
+  // memfd, the memory is private, as allocate_private()'s. Memory the
+  // caller maps from a shared file itself (a memfd, /dev/shm, a torch
+  // tensor after share_memory_()) is reached the same way.
   static Result<LocalMemory> allocate(size_t size);
+  // As allocate(), in anonymous memory private to this process: a child
+  // after fork() gets a copy on write, and same-host peers reach it through
+  // the kernel (a system call per op) instead of a mapping.
+  static Result<LocalMemory> allocate_private(size_t size);
   // Allocates `size` bytes of memory on GPU `device` (cuMemAlloc), owned by
   // the returned value's keepalive, contents undefined. kFailedPrecondition
   // without a CUDA driver or GPU (the message says which), kInvalidArgument

@@ -53,16 +53,23 @@ inline std::vector<std::string> backend_names() {
 // (`local`) and the owner's buffers (`remote`) are: host memory, or GPU
 // memory (through the test CUDA driver, tests/helpers/gpu.h, unless
 // RDMABUF_TEST_REAL_GPU=1 runs on a real one).
+//
+// `private_host`: host memory on both sides is anonymous and private
+// (testing::allocate_private) rather than LocalMemory::allocate's shared
+// file; the memory transport copies the one through the kernel and maps
+// the other, so it runs the suite with both.
 struct Setup {
   std::string backend;
   MemoryKind local = MemoryKind::kHost;
   MemoryKind remote = MemoryKind::kHost;
+  bool private_host = false;
 };
 
 inline std::vector<Setup> backends_under_test() {
   std::vector<Setup> setups;
   for (const std::string& name : backend_names())
     setups.push_back({name});
+  setups.push_back({"memory", MemoryKind::kHost, MemoryKind::kHost, true});
   return setups;
 }
 
@@ -90,6 +97,7 @@ inline bool required_here(const std::string& backend) {
 // Names each instantiation: Backends/Suite.Test/memory, Gpu/Suite.Test/tcp_gpu_local.
 inline std::string backend_name(const ::testing::TestParamInfo<Setup>& info) {
   const Setup& s = info.param;
+  if (s.private_host) return s.backend + "_private_host";
   if (s.local == MemoryKind::kHost && s.remote == MemoryKind::kHost) return s.backend;
   if (s.remote == MemoryKind::kHost) return s.backend + "_gpu_local";
   if (s.local == MemoryKind::kHost) return s.backend + "_gpu_remote";
@@ -98,7 +106,7 @@ inline std::string backend_name(const ::testing::TestParamInfo<Setup>& info) {
 
 inline void PrintTo(const Setup& s, std::ostream* os) {
   *os << s.backend << " (local " << memory_kind_name(s.local) << ", remote "
-      << memory_kind_name(s.remote) << ")";
+      << memory_kind_name(s.remote) << (s.private_host ? ", private host memory" : "") << ")";
 }
 
 inline constexpr auto kTimeout = 30s;  // generous: a loaded CI machine must not flake
@@ -147,6 +155,7 @@ class ConformanceTest : public ::testing::TestWithParam<Setup> {
   }
 
   void SetUp() override {
+    testing::private_host_memory() = GetParam().private_host;
     if (gpu_setup()) {
       Status gpu = testing::use_test_gpu();
       ASSERT_TRUE(gpu.ok()) << "no GPU memory for this setup: " << gpu.to_string();

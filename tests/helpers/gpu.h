@@ -61,9 +61,23 @@ inline void put_bytes(const LocalMemory& m, size_t offset, std::span<const std::
   cuda::copy_into(m, offset, bytes.data(), bytes.size()).ignore();
 }
 
+// Whether allocate_of() gives host memory private to this process
+// (LocalMemory::allocate_private), which the memory transport copies through the
+// kernel, instead of LocalMemory::allocate's shared file, which it copies
+// through a mapping. RDMABUF_TEST_PRIVATE_HOST=1 sets it for a process (a
+// test peer); a test sets it for its own.
+inline bool& private_host_memory() {
+  static bool on = [] {
+    const char* v = std::getenv("RDMABUF_TEST_PRIVATE_HOST");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 inline LocalMemory allocate_of(MemoryKind kind, size_t size) {
-  auto m =
-      kind == MemoryKind::kCuda ? LocalMemory::allocate_gpu(size) : LocalMemory::allocate(size);
+  auto m = kind == MemoryKind::kCuda ? LocalMemory::allocate_gpu(size)
+           : private_host_memory()   ? LocalMemory::allocate_private(size)
+                                     : LocalMemory::allocate(size);
   if (!m.ok()) return LocalMemory();
   if (kind == MemoryKind::kCuda) {  // zero-filled, as host memory is
     std::vector<std::byte> zeros(size);

@@ -53,6 +53,10 @@
 //                                    answer does not wait for it)
 //   exit                          -> bye, then shuts the manager down and exits 0
 //
+// With RDMABUF_TEST_PRIVATE_HOST=1 its host memory is anonymous and private
+// (tests/helpers/gpu.h), which the memory transport copies through the
+// kernel, instead of LocalMemory::allocate's shared file, which it maps.
+//
 // With RDMABUF_TEST_NONDUMPABLE=1 in its environment it makes itself
 // non-dumpable first, so that same-user readers cannot attach to it.
 //

@@ -39,7 +39,20 @@ struct Outcome {
   StatusCode code;
 };
 
-class ReleaseRaceTest : public ::testing::TestWithParam<std::string> {};
+// Each test runs over the memory transport twice, with the owner's buffers
+// in memory from LocalMemory::allocate (a shared file: readers map it) and
+// in private memory (copied through the kernel), and over tcp.
+class ReleaseRaceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string backend() const {
+    return GetParam() == "memory_private_host" ? "memory" : GetParam();
+  }
+  // The environment of the owner process.
+  std::vector<std::string> peer_env() const {
+    if (GetParam() == "memory_private_host") return {"RDMABUF_TEST_PRIVATE_HOST=1"};
+    return {};
+  }
+};
 
 // Waits (up to kTimeout) until `outcomes` (under `mu`) holds an op that
 // started after `released`: ops under way at the release may take long on
@@ -66,12 +79,12 @@ void await_an_op_started_after(Clock::time_point released, std::mutex& mu,
 TEST_P(ReleaseRaceTest, WritesNeverLandAfterReleaseReturned) {
   constexpr uint64_t kSize = 4 << 20;
   constexpr uint64_t kPart = 1 << 20;  // one writer's range: a large op
-  auto peer = start_peer({{4096, 1}});
+  auto peer = start_peer({{4096, 1}}, peer_env());
   ASSERT_NE(peer, nullptr);
-  auto reader = make_manager([&](Config& c) { c.backends = {GetParam()}; });
+  auto reader = make_manager([&](Config& c) { c.backends = {backend()}; });
   ASSERT_NE(reader, nullptr);
   std::string why;
-  if (!routes_over(*reader, *peer, GetParam(), &why)) GTEST_SKIP() << why;
+  if (!routes_over(*reader, *peer, backend(), &why)) GTEST_SKIP() << why;
 
   std::atomic<uint64_t> stamp{1};
   for (int round = 0; round < 16; ++round) {
@@ -133,12 +146,12 @@ TEST_P(ReleaseRaceTest, WritesNeverLandAfterReleaseReturned) {
 // after release() returned fail with NotFound; none returns stale bytes.
 TEST_P(ReleaseRaceTest, ReadsAfterReleaseReturnedAreNotFound) {
   constexpr uint64_t kSize = 256 << 10;
-  auto peer = start_peer({{4096, 1}});
+  auto peer = start_peer({{4096, 1}}, peer_env());
   ASSERT_NE(peer, nullptr);
-  auto reader = make_manager([&](Config& c) { c.backends = {GetParam()}; });
+  auto reader = make_manager([&](Config& c) { c.backends = {backend()}; });
   ASSERT_NE(reader, nullptr);
   std::string why;
-  if (!routes_over(*reader, *peer, GetParam(), &why)) GTEST_SKIP() << why;
+  if (!routes_over(*reader, *peer, backend(), &why)) GTEST_SKIP() << why;
 
   for (int round = 0; round < 8; ++round) {
     const uint64_t seed = 700 + static_cast<uint64_t>(round);
@@ -187,12 +200,64 @@ TEST_P(ReleaseRaceTest, ReadsAfterReleaseReturnedAreNotFound) {
   expect_clean_exit(*peer);
 }
 
+// Readers and writers in processes of their own, each repeating its op
+// until one fails, while the owner releases the buffer: once release() has
+// returned the buffer's bytes never change, and every process's stream
+// ends in NotFound.
+TEST_P(ReleaseRaceTest, ReleaseAmidReadersAndWritersInOtherProcesses) {
+  constexpr uint64_t kSize = 2 << 20;
+  auto peer = start_peer({{4096, 1}}, peer_env());
+  ASSERT_NE(peer, nullptr);
+  auto probe = make_manager([&](Config& c) { c.backends = {backend()}; });
+  ASSERT_NE(probe, nullptr);
+  std::string why;
+  if (!routes_over(*probe, *peer, backend(), &why)) GTEST_SKIP() << why;
+
+  for (int round = 0; round < 3; ++round) {
+    int index = peer->register_buffer(kSize, 900 + static_cast<uint64_t>(round));
+    ASSERT_GE(index, 0);
+    const std::string text = peer->handle_text(static_cast<size_t>(index));
+    // Large and small ops, reads and writes (writers fill with their byte).
+    const std::vector<std::vector<std::string>> roles = {
+        {"--write", "a1", "--wait", "--loop", text, std::to_string(kSize)},
+        {"--write", "b2", "--wait", "--loop", text, "4096"},
+        {"--wait", "--loop", text, std::to_string(kSize)},
+        {"--wait", "--loop", text, "64"},
+    };
+    std::vector<std::unique_ptr<Subprocess>> children;
+    for (const auto& args : roles) {
+      std::string error;
+      auto child =
+          Subprocess::spawn(RDMABUF_TEST_READER, args, {"RDMABUF_BACKENDS=" + backend()}, &error);
+      ASSERT_NE(child, nullptr) << error;
+      ASSERT_EQ(child->read_line(60s).value_or("(nothing)"), "ready");
+      children.push_back(std::move(child));
+    }
+    for (auto& child : children)
+      ASSERT_TRUE(child->write_line("go"));
+    std::this_thread::sleep_for(100ms);  // the streams are under way
+    EXPECT_EQ(peer->command("release-watch " + std::to_string(index) + " 100"), "stable")
+        << "round " << round << ": bytes landed in the buffer after release() returned";
+    for (size_t c = 0; c < children.size(); ++c) {
+      auto status = children[c]->read_line(60s).value_or("(nothing)");
+      auto backend_line = children[c]->read_line(10s).value_or("(nothing)");
+      EXPECT_TRUE(status.starts_with("status NotFound"))
+          << "round " << round << ", process " << c << ": " << status;
+      EXPECT_EQ(backend_line, "backend " + backend()) << "round " << round << ", process " << c;
+      children[c]->wait(10s);
+    }
+  }
+  expect_clean_exit(*peer);
+}
+
 std::string param_name(const ::testing::TestParamInfo<std::string>& param) {
   return param.param;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ReleaseRaceTest,
-                         ::testing::Values(std::string("memory"), std::string("tcp")), param_name);
+                         ::testing::Values(std::string("memory"),
+                                           std::string("memory_private_host"), std::string("tcp")),
+                         param_name);
 
 // What rdmabuf_test_reader printed.
 struct ReaderReport {

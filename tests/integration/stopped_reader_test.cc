@@ -1,7 +1,10 @@
 // A same-host writer stopped inside its copy while the owner releases the
-// buffer (backends/memory/shared_state.h): the release waits for it, and
-// after SharedState's grace cancels its copy; once release() has returned,
-// the writer's bytes never land, and its op fails with NotFound.
+// buffer (backends/memory/shared_state.h): the release waits for it; a copy
+// through the kernel (private memory) is cancelled after SlotTable's grace,
+// a copy through a mapping of the owner's file (LocalMemory::allocate's
+// memory) is waited for until the writer resumes or dies. Either way, once
+// release() has returned the writer's bytes never land, and its op fails
+// with NotFound.
 //
 // The writer is a process of its own (rdmabuf_test_reader --write), stopped
 // by ptrace at the entry of its process_vm_writev (the worst moment: its
@@ -12,9 +15,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/memory/shared_state.h"
@@ -43,8 +49,11 @@ class StoppedWriterTest : public ::testing::Test {
     LocalMemory memory;
     RemoteBuffer handle;
   };
-  Owned own(uint64_t seed) {
-    Owned o{with_pattern(kSize, seed), {}};
+  // A buffer of pattern `seed`, in private memory (copied through the
+  // kernel) or, with `shared`, in LocalMemory::allocate's (mapped).
+  Owned own(uint64_t seed, bool shared = false) {
+    Owned o{shared ? allocate(kSize) : LocalMemory::allocate_private(kSize).value(), {}};
+    fill_pattern(o.memory.span(), seed);
     auto h = owner_->register_buffer(o.memory);
     EXPECT_TRUE(h.ok()) << h.status().to_string();
     if (h.ok()) o.handle = *h;
@@ -151,6 +160,51 @@ TEST_F(StoppedWriterTest, AWriterStoppedAtAnyMomentNeverLandsAfterRelease) {
     const std::string reported = final_status(*writer);
     EXPECT_EQ(reported.rfind("status NotFound", 0), 0u) << reported;
     EXPECT_EQ(snapshot(o.memory), at_release) << "a write landed after release()";
+  }
+}
+
+// The same with the buffer in LocalMemory::allocate's memory, which the
+// writer maps and copies with stores: a copy nobody can cancel from outside.
+// The release waits while the writer is stopped, however long, and returns
+// once it resumes (then it finishes the copy it was in, and its next op is
+// refused) or is killed; nothing lands after it returned.
+TEST_F(StoppedWriterTest, AStoppedWriterToMappedMemoryHoldsTheReleaseUntilItResumesOrDies) {
+  std::mt19937 chance(std::random_device{}());
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const bool kill_it = round % 2 == 1;
+    Owned o = own(80 + static_cast<uint64_t>(round), /*shared=*/true);
+    auto writer = start_writer(o, true);
+    ASSERT_NE(writer, nullptr);
+    ASSERT_TRUE(writer->write_line("go"));
+    std::this_thread::sleep_for(std::chrono::microseconds(5000 + chance() % 20000));
+    ASSERT_TRUE(writer->stop());
+    std::atomic<bool> returned{false};
+    std::vector<std::byte> at_release;
+    std::thread release([&] {
+      EXPECT_TRUE(owner_->release(o.handle).ok());
+      at_release = snapshot(o.memory);
+      returned = true;
+    });
+    // Past the grace a copy through the kernel would have been cancelled;
+    // this one is still waited for, if the writer was inside one.
+    std::this_thread::sleep_for(kGrace + 300ms);
+    const bool waited = !returned.load();
+    if (kill_it) {
+      ASSERT_TRUE(writer->signal(SIGKILL));
+    } else {
+      ASSERT_TRUE(writer->resume());
+    }
+    release.join();
+    ASSERT_TRUE(returned.load());
+    if (!kill_it) {
+      const std::string reported = final_status(*writer);
+      EXPECT_EQ(reported.rfind("status NotFound", 0), 0u) << reported;
+    }
+    writer->wait(kTimeout);
+    EXPECT_EQ(snapshot(o.memory), at_release) << "a write landed after release()";
+    std::printf("round %d: the writer was %sinside a copy when stopped\n", round,
+                waited ? "" : "not ");
   }
 }
 
