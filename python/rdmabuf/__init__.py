@@ -23,10 +23,11 @@ Processes that also need to talk connect an `Endpoint` (`listen` /
 The API is PyTorch Monarch's ``monarch.rdma`` (RDMABuffer, RDMAAction with
 read_remote / write_remote / submit, get_rdma_backend, is_ibverbs_available,
 is_rdma_available, RDMATcpFallbackWarning; docs/monarch.md maps every name),
-with rdmabuf's extras beside it. Transfers time out after 60 s unless
-told otherwise. Errors are
-`rdmabuf.Error` subclasses carrying the status code and message; size
-mismatches and bad data are also ValueError, timeouts also TimeoutError.
+with rdmabuf's extras beside it (among them `empty`: a tensor or array in
+memory that same-host peers copy at memory speed). Transfers time out after
+60 s unless told otherwise. Errors are `rdmabuf.Error` subclasses carrying
+the status code and message; size mismatches and bad data are also
+ValueError, timeouts also TimeoutError.
 """
 
 from ._errors import (
@@ -46,6 +47,7 @@ from ._errors import (
     UnimplementedError,
 )
 from ._buffer import DEFAULT_TIMEOUT, LocalMemory, Owner, RDMAAction, RDMABuffer
+from ._empty import empty
 from ._endpoint import (
     Endpoint,
     Lease,
@@ -84,6 +86,7 @@ __all__ = [
     "Future",
     "Owner",
     "LocalMemory",
+    "empty",
     "listen",
     "connect",
     "next_notification",

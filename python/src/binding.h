@@ -284,6 +284,12 @@ class PyTransfer {
   std::vector<PyLocal> locals_;
 };
 
+// --- Allocations (allocation.cc) ------------------------------------------
+
+// Adds allocate(nbytes) and the Allocation type (LocalMemory::allocate's
+// memory, exported through the buffer protocol) to the module.
+void bind_allocation(py::module_& module);
+
 // --- Endpoints (endpoints.cc) ---------------------------------------------------
 
 // Adds Manager.listen / connect / next_notification and the Listener,

@@ -429,4 +429,5 @@ PYBIND11_MODULE(_rdmabuf, m) {
       .def_property_readonly("shut_down", &PyManager::shut_down)
       .def_property_readonly("in_this_process", &PyManager::in_this_process);
   bind_endpoints(m, manager);
+  bind_allocation(m);
 }

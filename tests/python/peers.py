@@ -209,3 +209,37 @@ def gpu_owner_main(conn: Any, backends: str = "") -> None:
             return
         else:
             conn.send(ValueError(f"unknown command {cmd!r}"))
+
+
+def maps_file_main(conn: Any) -> None:
+    """A reader of buffers in shared files (test_empty.py): obeys commands on
+    `conn`, each answered with its result (or the exception it raised):
+    ("read", handle, file) -> (the handle's bytes, whether this process now
+    maps `file`, a (device, inode) pair as /proc/self/maps spells them);
+    ("write", handle, data) -> the bytes written from `data` into the handle;
+    ("exit",) -> None, and returns."""
+    while True:
+        cmd = conn.recv()
+        try:
+            answer: Any = None
+            if cmd[0] == "read":
+                buf, file = cmd[1], cmd[2]
+                dst = np.zeros(buf.size(), dtype=np.uint8)
+                buf.read_into(dst).get(timeout=30)
+                answer = (dst.tobytes(), maps_file(file))
+            elif cmd[0] == "write":
+                answer = cmd[1].write_from(np.frombuffer(cmd[2], dtype=np.uint8)).get(timeout=30)
+            elif cmd[0] == "exit":
+                conn.send(None)
+                return
+            else:
+                answer = ValueError(f"unknown command {cmd!r}")
+            conn.send(answer)
+        except Exception:  # reported to the test, which fails
+            conn.send(RuntimeError(traceback.format_exc()))
+
+
+def maps_file(file: Tuple[str, str]) -> bool:
+    """Whether this process maps the file (device, inode) (/proc/self/maps' spelling)."""
+    with open("/proc/self/maps") as maps:
+        return any(tuple(line.split()[3:5]) == file for line in maps)
