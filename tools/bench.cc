@@ -22,6 +22,7 @@
 #include "tools/bench_peers.h"
 #include "tools/bench_report.h"
 #include "tools/commands.h"
+#include "tools/host_memory.h"
 #include "tools/pattern.h"
 #include "tools/progress.h"
 #include "tools/subprocess.h"
@@ -43,10 +44,16 @@ constexpr uint64_t kOneRange = ~uint64_t{0};
 // same bytes.
 const std::vector<std::string> kLayouts = {"spread", "one-range"};
 
+// ucx_perftest iterations beside the latency rows (its median of as many
+// ops, after min(10000, a tenth) warm-ups: milliseconds over shared
+// memory) and beside the rate rows (its message rate over as many).
+constexpr int kUcxLatencyIterations = 10000;
+constexpr int kUcxRateIterations = 100000;
+
 constexpr const char* kHelp = R"(usage: rdmabuf bench [--backend NAME] [--sizes LIST] [--batch N]
                      [--streams N] [--iters N] [--window BYTES]
                      [--layouts LIST] [--connect HANDLE] [--peer auto|none]
-                     [--json] [--quiet]
+                     [--host-memory shared|private] [--json] [--quiet]
        rdmabuf bench --op send|notify ...  (rdmabuf bench --op send --help)
        rdmabuf bench --compare ...         (rdmabuf bench --compare --help)
        rdmabuf bench --gpu ...             (rdmabuf bench --gpu --help)
@@ -58,7 +65,8 @@ the rate of --batch 64 B ops submitted at once, and bandwidth at each of
 --sizes; medians after warm-up. Reads from its own peer are checked byte
 for byte. With its own peer it also measures, in the same run and where
 installed: iperf3 beside tcp, memcpy and ucx_perftest beside memory,
-perftest beside ibverbs; and prints rdmabuf's ratio to each.
+perftest beside ibverbs; and prints the ratio to each (above 1: rdmabuf
+is faster).
 
 options:
   --backend NAME    the backend to measure (default: the best viable one)
@@ -80,6 +88,11 @@ options:
                     are not checked, no peer tool runs
   --peer auto|none  auto: measure the peer tools beside rdmabuf; none: skip
                     them (default auto)
+  --host-memory shared|private
+                    where this process's buffers and its peer's come from:
+                    shared, memory a peer on this host maps and copies
+                    directly; private, anonymous memory it copies with a
+                    system call per range (default shared)
   --json            one JSON object per measurement per line on stdout,
                     instead of the tables
   --quiet           no progress on stderr
@@ -102,6 +115,7 @@ struct Options {
   uint64_t window = 64 << 20;
   std::optional<std::string> connect;
   bool compare_peer = true;
+  HostMemory host_memory = HostMemory::kShared;
   std::vector<std::string> layouts = {"spread"};
   bool json = false;
   bool quiet = false;  // no progress on stderr
@@ -123,7 +137,10 @@ struct Sample {
   std::string layout;  // for bandwidth rows: "spread" or "one-range"
   std::string peer;    // e.g. "iperf3 -P 2", "memcpy", "ucx posix ucp_get"
   double peer_gbps = 0;
-  double peer_p50_us = 0;  // for latency rows: the peer's median round trip
+  // For latency rows: the peer's median, a round trip or the half of one
+  // as the peer reports it (the footnotes say which).
+  double peer_p50_us = 0;
+  double peer_ops_per_s = 0;  // for rate rows: the peer's message rate
 };
 
 // A one-off setup cost (first connection, registration).
@@ -142,10 +159,11 @@ double median(const std::vector<double>& v) {
 }
 
 Result<Options> parse_options(int argc, char** argv) {
-  RDMABUF_ASSIGN_OR_RETURN(Args args, parse_args(argc, argv, 2,
-                                                 {"backend", "sizes", "batch", "streams", "iters",
-                                                  "window", "connect", "peer", "layouts"},
-                                                 {"json", "quiet"}));
+  RDMABUF_ASSIGN_OR_RETURN(
+      Args args, parse_args(argc, argv, 2,
+                            {"backend", "sizes", "batch", "streams", "iters", "window", "connect",
+                             "peer", "layouts", "host-memory"},
+                            {"json", "quiet"}));
   if (!args.positional.empty()) return InvalidArgument("bench takes no positional arguments");
   Options o;
   o.backend = args.get("backend");
@@ -171,6 +189,8 @@ Result<Options> parse_options(int argc, char** argv) {
   std::string peer = args.get("peer").value_or("auto");
   if (peer != "auto" && peer != "none") return InvalidArgument("--peer must be auto or none");
   o.compare_peer = peer == "auto";
+  RDMABUF_ASSIGN_OR_RETURN(o.host_memory,
+                           parse_host_memory(args.get("host-memory").value_or("shared")));
   o.json = args.flags.count("json") > 0;
   o.quiet = args.flags.count("quiet") > 0;
   return o;
@@ -305,7 +325,8 @@ class Bench {
   std::vector<std::byte> reference_;
 };
 
-std::string json_line(const std::string& backend, int streams, const Sample& s) {
+std::string json_line(const std::string& backend, int streams, HostMemory host_memory,
+                      const Sample& s) {
   char buf[640];
   std::snprintf(buf, sizeof buf,
                 "{\"system\":\"%s\",\"backend\":\"%s\",\"op\":\"%s\",\"kind\":\"%s\","
@@ -315,6 +336,9 @@ std::string json_line(const std::string& backend, int streams, const Sample& s) 
                 static_cast<unsigned long long>(s.size), static_cast<unsigned long long>(s.batch),
                 streams, s.gbps, s.p50_us, s.p99_us, s.ops_per_s, s.reps);
   std::string line = buf;
+  if (s.system == "rdmabuf") {
+    line += ",\"host_memory\":\"" + std::string(host_memory_name(host_memory)) + "\"";
+  }
   if (!s.layout.empty()) line += ",\"layout\":\"" + s.layout + "\"";
   if (s.peer_gbps > 0) {
     std::snprintf(buf, sizeof buf, ",\"peer\":\"%s\",\"peer_gbps\":%.4f,\"ratio\":%.3f",
@@ -322,11 +346,23 @@ std::string json_line(const std::string& backend, int streams, const Sample& s) 
     line += buf;
   }
   if (s.peer_p50_us > 0) {  // a latency: the ratio is rdmabuf's over the peer's
-    std::snprintf(buf, sizeof buf, ",\"peer\":\"%s\",\"peer_p50_us\":%.2f,\"latency_ratio\":%.3f",
+    std::snprintf(buf, sizeof buf, ",\"peer\":\"%s\",\"peer_p50_us\":%.3f,\"latency_ratio\":%.3f",
                   s.peer.c_str(), s.peer_p50_us, s.p50_us / s.peer_p50_us);
     line += buf;
   }
+  if (s.peer_ops_per_s > 0) {  // a rate: rdmabuf's ops/s over the peer's
+    std::snprintf(buf, sizeof buf, ",\"peer\":\"%s\",\"peer_ops_per_s\":%.0f,\"ratio\":%.3f",
+                  s.peer.c_str(), s.peer_ops_per_s, s.ops_per_s / s.peer_ops_per_s);
+    line += buf;
+  }
   return line + "}";
+}
+
+// Microseconds as the tables print them: 3 decimals below 1 us.
+std::string format_us(double us) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", us >= 100 ? 0 : us >= 1 ? 1 : 3, us);
+  return buf;
 }
 
 std::string human_rate(double ops) {
@@ -396,9 +432,10 @@ int cmd_bench(int argc, char** argv) {
     Child::Options options;
     options.env.emplace_back("RDMABUF_BACKENDS", backend);
     options.quiet_stderr = o.quiet;
-    auto child = Child::spawn(
-        {"/proc/self/exe", "serve", "--size", std::to_string(peer_size), "--pattern", "seq"},
-        options);
+    auto child =
+        Child::spawn({"/proc/self/exe", "serve", "--size", std::to_string(peer_size), "--pattern",
+                      "seq", "--host-memory", host_memory_name(o.host_memory)},
+                     options);
     if (!child.ok()) return fail(child.status());
     peer = std::move(child).value();
     auto line = peer.read_line(std::chrono::seconds(30));
@@ -422,7 +459,7 @@ int cmd_bench(int argc, char** argv) {
   // Setup costs, apart from transfer figures.
   std::vector<Sample> setup;
   {
-    auto local = LocalMemory::allocate(max_size);
+    auto local = allocate_host_memory(max_size, o.host_memory);
     if (!local.ok()) return fail(local.status());
     std::memset(local->data(), 1, local->size());
     auto t0 = Clock::now();
@@ -442,7 +479,7 @@ int cmd_bench(int argc, char** argv) {
 
   const uint64_t local_size =
       std::max<uint64_t>({o.window, max_size, static_cast<uint64_t>(o.batch) * 128});
-  auto local = LocalMemory::allocate(local_size);
+  auto local = allocate_host_memory(local_size, o.host_memory);
   if (!local.ok()) return fail(local.status());
   std::memset(local->data(), 0, local->size());  // fault the pages in now, not while timing
   Bench bench(manager, remote, *local, verify);
@@ -457,11 +494,11 @@ int cmd_bench(int argc, char** argv) {
 
   const int latency_samples = std::max(1000, o.iters * 100);
   const int rate_reps = std::max(50, o.iters * 5);
-  // UCX's perftest repeats one op on one range: compare that shape, at the
-  // sizes the issue of record names (4 MiB, 64 MiB) when asked for.
+  // UCX's perftest repeats one op on one range: compare that shape at each
+  // of --sizes up to 4 MiB, and at 64 MiB, when asked for.
   std::vector<uint64_t> single_sizes;
   for (uint64_t size : o.sizes) {
-    if (run_ucx && (size == (4u << 20) || size == (64u << 20))) single_sizes.push_back(size);
+    if (run_ucx && (size <= (4u << 20) || size == (64u << 20))) single_sizes.push_back(size);
   }
   int total = 4 + 2 +
               2 * static_cast<int>(o.sizes.size() * o.layouts.size() + single_sizes.size()) +
@@ -483,13 +520,36 @@ int cmd_bench(int argc, char** argv) {
     results.push_back(*s);
     return Status::Ok();
   };
+  // ucx_perftest's `test` over shared memory, or nothing (said on stderr:
+  // the run goes on without that figure).
+  auto ucx = [&](const char* test, uint64_t size, int iterations) -> std::optional<UcxFigure> {
+    auto figure = run_ucx_perftest(test, size, iterations, "posix,sysv,self");
+    if (figure.ok()) return *figure;
+    std::fprintf(stderr, "\nrdmabuf bench: ucx_perftest %s failed: %s\n", test,
+                 figure.status().to_string().c_str());
+    return std::nullopt;
+  };
+  // Beside reads, ucp_get; beside writes, the put test `put_test` names.
+  auto ucx_test = [](OpKind kind, const char* put_test) {
+    return kind == OpKind::kReadIntoLocal ? "ucp_get" : put_test;
+  };
 
   Status st;
   for (uint64_t size : {uint64_t{8}, uint64_t{4096}}) {
     for (OpKind kind : {OpKind::kReadIntoLocal, OpKind::kWriteFromLocal}) {
-      progress.step(std::string("latency: ") + op_kind_name(kind) + " " + format_bytes(size));
+      const char* test = ucx_test(kind, "ucp_put_lat");
+      progress.step(std::string("latency: ") + op_kind_name(kind) + " " + format_bytes(size) +
+                    (run_ucx ? std::string(", and ucx_perftest ") + test : ""));
       st = record(bench.latency(kind, size, latency_samples));
       if (!st.ok()) return fail(st);
+      // ucp_get: the median time of one get, one at a time; ucp_put_lat: the
+      // median half round trip of a put answered by a put, as UCX prints it.
+      if (run_ucx) {
+        if (auto figure = ucx(test, size, kUcxLatencyIterations)) {
+          results.back().peer = std::string("ucx posix ") + test;
+          results.back().peer_p50_us = figure->p50_us;
+        }
+      }
       if (perftest_peer && kind == OpKind::kReadIntoLocal && size == 8) {
         auto lat = run_perftest("ib_read_lat", *ib, size, latency_samples);
         if (lat.ok()) {
@@ -503,10 +563,18 @@ int cmd_bench(int argc, char** argv) {
     }
   }
   for (OpKind kind : {OpKind::kReadIntoLocal, OpKind::kWriteFromLocal}) {
+    const char* test = ucx_test(kind, "ucp_put_bw");
     progress.step(std::string("rate: ") + op_kind_name(kind) + " 64 B x " +
-                  std::to_string(o.batch));
+                  std::to_string(o.batch) +
+                  (run_ucx ? std::string(", and ucx_perftest ") + test : ""));
     st = record(bench.rate(kind, 64, static_cast<uint64_t>(o.batch), rate_reps));
     if (!st.ok()) return fail(st);
+    if (run_ucx) {
+      if (auto figure = ucx(test, 64, kUcxRateIterations)) {
+        results.back().peer = std::string("ucx posix ") + test;
+        results.back().peer_ops_per_s = figure->ops_per_s;
+      }
+    }
   }
   if (run_iperf) iperf_once();
   for (size_t l = 0; l < o.layouts.size(); ++l) {
@@ -542,19 +610,16 @@ int cmd_bench(int argc, char** argv) {
   if (run_iperf) iperf_once();
   for (uint64_t size : single_sizes) {
     for (OpKind kind : {OpKind::kReadIntoLocal, OpKind::kWriteFromLocal}) {
-      const char* test = kind == OpKind::kReadIntoLocal ? "ucp_get" : "ucp_put_bw";
+      const char* test = ucx_test(kind, "ucp_put_bw");
       progress.step(std::string("one op at a time: ") + op_kind_name(kind) + " " +
                     format_bytes(size) + ", and ucx_perftest " + test);
       st = record(bench.bandwidth(kind, size, size, std::max(o.iters, 50), "single"));
       if (!st.ok()) return fail(st);
+      // 2 GiB in all, 20 to 1000 ops: a small size costs UCX milliseconds.
       const int iterations = static_cast<int>(std::clamp<uint64_t>((1ull << 31) / size, 20, 1000));
-      auto ucx = run_ucx_perftest(test, size, iterations, "posix,sysv,self");
-      if (ucx.ok()) {
+      if (auto figure = ucx(test, size, iterations)) {
         results.back().peer = std::string("ucx posix ") + test;
-        results.back().peer_gbps = ucx->gbps;
-      } else {
-        std::fprintf(stderr, "\nrdmabuf bench: ucx_perftest failed: %s\n",
-                     ucx.status().to_string().c_str());
+        results.back().peer_gbps = figure->gbps;
       }
     }
   }
@@ -569,9 +634,9 @@ int cmd_bench(int argc, char** argv) {
 
   if (o.json) {
     for (const Sample& s : setup)
-      std::printf("%s\n", json_line(backend, streams, s).c_str());
+      std::printf("%s\n", json_line(backend, streams, o.host_memory, s).c_str());
     for (const Sample& s : results)
-      std::printf("%s\n", json_line(backend, streams, s).c_str());
+      std::printf("%s\n", json_line(backend, streams, o.host_memory, s).c_str());
     if (!iperf.empty()) {
       Sample p;
       p.system = "iperf3";
@@ -580,16 +645,17 @@ int cmd_bench(int argc, char** argv) {
       p.gbps = median(iperf);
       p.reps = iperf.size();
       p.kind = "bandwidth";
-      std::printf("%s\n", json_line("tcp", streams, p).c_str());
+      std::printf("%s\n", json_line("tcp", streams, o.host_memory, p).c_str());
     }
     return kExitOk;
   }
 
-  std::printf("rdmabuf bench: backend %s%s, peer %s, medians of %d reps\n\n", backend.c_str(),
+  std::printf("rdmabuf bench: backend %s%s, peer %s, host memory: %s%s, medians of %d reps\n\n",
+              backend.c_str(),
               backend == "tcp" ? (", " + std::to_string(streams) + " stream(s)").c_str() : "",
               o.connect ? remote.owner().to_string().c_str()
                         : ("local process " + std::to_string(peer.pid())).c_str(),
-              o.iters);
+              host_memory_name(o.host_memory), o.connect ? " (this side)" : "", o.iters);
   std::printf(
       "setup: first transfer to the peer %.0f us; register %s: first %.1f us, again %.1f us\n",
       setup[2].p50_us, format_bytes(max_size).c_str(), setup[0].p50_us, setup[1].p50_us);
@@ -610,20 +676,37 @@ int cmd_bench(int argc, char** argv) {
       if (s.kind == "single") {
         std::printf("\none op at a time on one range (the shape ucx_perftest measures):\n");
       }
+      // The peer's figure: its p50 beside latency rows, its message rate
+      // beside rate rows, its GB/s beside the others.
+      const char* peer_unit = s.kind == "latency" ? "p50 us" : s.kind == "rate" ? "ops/s" : "GB/s";
       std::printf("%-6s %-9s %6s %9s %9s %9s %9s  %-20s %9s %6s\n", "op", "size", "batch", "GB/s",
-                  "p50 us", "p99 us", "ops/s", "peer, same run", "GB/s", "ratio");
+                  "p50 us", "p99 us", "ops/s", "peer, same run", peer_unit, "ratio");
     }
     std::printf("%-6s %-9s %6llu %9.3f %9.1f %9.1f %9s", s.op.c_str(), format_bytes(s.size).c_str(),
                 static_cast<unsigned long long>(s.batch), s.gbps, s.p50_us, s.p99_us,
                 human_rate(s.ops_per_s).c_str());
+    // Every ratio reads the same way: how many times faster rdmabuf is.
     if (s.peer_gbps > 0) {
       std::printf("  %-20s %9.3f %6.2f", s.peer.c_str(), s.peer_gbps, s.gbps / s.peer_gbps);
     }
-    if (s.peer_p50_us > 0) {  // latency: how many times faster, as every other table says
-      std::printf("  %-20s %6.1f us x%.2f", s.peer.c_str(), s.peer_p50_us,
+    if (s.peer_p50_us > 0) {
+      std::printf("  %-20s %9s %6.2f", s.peer.c_str(), format_us(s.peer_p50_us).c_str(),
                   s.peer_p50_us / s.p50_us);
     }
+    if (s.peer_ops_per_s > 0) {
+      std::printf("  %-20s %9s %6.2f", s.peer.c_str(), human_rate(s.peer_ops_per_s).c_str(),
+                  s.ops_per_s / s.peer_ops_per_s);
+    }
     std::printf("\n");
+  }
+  const bool any_peer = std::any_of(results.begin(), results.end(), [](const Sample& s) {
+    return s.peer_gbps > 0 || s.peer_p50_us > 0 || s.peer_ops_per_s > 0;
+  });
+  if (any_peer) {
+    std::printf(
+        "\nratio: how many times faster rdmabuf is than the peer (above 1: rdmabuf is faster):\n"
+        "rdmabuf's GB/s or ops/s over the peer's; beside latency, the peer's p50 over "
+        "rdmabuf's.\n");
   }
   if (!iperf.empty()) {
     std::printf("\niperf3 -P %d on loopback: median of %zu runs of 2 s, between the rows above.\n",
@@ -637,8 +720,17 @@ int cmd_bench(int argc, char** argv) {
   if (perftest_peer) {
     std::printf(
         "\nperftest: the same sizes on the same device and GID, its default queue "
-        "depth; latency\nrows compare medians. ratio and x: how many times faster "
-        "rdmabuf is (above 1: faster).\n");
+        "depth; latency\nrows compare medians.\n");
+  }
+  if (run_ucx) {
+    std::printf(
+        "\nucx posix: ucx_perftest between two processes over shared memory\n"
+        "(UCX_TLS=posix,sysv,self), in buffers of its own, at its default windows: ucp_get\n"
+        "one get at a time, ucp_put_bw up to 32 puts. Beside latency: ucp_get's median time\n"
+        "of one get; ucp_put_lat's median HALF round trip (a put answered by a put, halved\n"
+        "as UCX prints it) beside rdmabuf's whole write. Beside small ops: the message rate\n"
+        "of 64 B ops issued back to back (ucp_get, ucp_put_bw). Beside one op at a time:\n"
+        "their bandwidth.\n");
   }
   if (local_peer && backend == "memory" && !run_ucx) {
     std::printf("(ucx_perftest not found: install ucx-utils to see UCX over shared memory)\n");

@@ -18,6 +18,7 @@
 #include "rdmabuf/rdmabuf.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "tools/host_memory.h"
 #include "tools/pattern.h"
 #include "tools/signals.h"
 
@@ -39,15 +40,16 @@ constexpr bool kBufferPerReceive = false;
 #endif
 
 // Accepts endpoints until stopped and serves each with a thread that keeps
-// kPosted receives of `max_message` bytes posted. The first message on an
-// endpoint says what it is for: when its first byte is 'E', every message
-// on that endpoint is sent back as it came (echoes, for latency); when it
-// is 'N' and a handle (RemoteBuffer::to_bytes) of the peer's, every
-// notification of a tagged write into `served` is answered by a tagged
-// write of as many bytes, with the same tag, into the front of that
-// handle's buffer (for --op notify); else every message is dropped, its
-// bytes never read (for bandwidth: later messages land in the same memory
-// meanwhile, and a byte read then would race with them).
+// kPosted receives of `max_message` bytes posted, in host memory of the
+// kind `host_memory` names. The first message on an endpoint says what it
+// is for: when its first byte is 'E', every message on that endpoint is
+// sent back as it came (echoes, for latency); when it is 'N' and a handle
+// (RemoteBuffer::to_bytes) of the peer's, every notification of a tagged
+// write into `served` is answered by a tagged write of as many bytes, with
+// the same tag, into the front of that handle's buffer (for --op notify);
+// else every message is dropped, its bytes never read (for bandwidth:
+// later messages land in the same memory meanwhile, and a byte read then
+// would race with them).
 //
 // The receives share two buffers, taking turns (as the receives of
 // ucx_perftest's tag_bw share one): the benchmark compares transports, not
@@ -62,11 +64,12 @@ constexpr bool kBufferPerReceive = false;
 class EndpointServer {
  public:
   EndpointServer(Manager& manager, LocalMemory served, std::unique_ptr<EndpointListener> listener,
-                 uint64_t max_message)
+                 uint64_t max_message, HostMemory host_memory)
       : manager_(manager),
         served_(std::move(served)),
         listener_(std::move(listener)),
-        max_message_(max_message) {
+        max_message_(max_message),
+        host_memory_(host_memory) {
     acceptor_ = std::thread([this] { accept_loop(); });
   }
   ~EndpointServer() {
@@ -98,14 +101,14 @@ class EndpointServer {
   }
 
   void serve(Endpoint& endpoint) {
-    auto first = LocalMemory::allocate(max_message_);
-    auto even = LocalMemory::allocate(max_message_);
-    auto odd = LocalMemory::allocate(max_message_);
+    auto first = allocate_host_memory(max_message_, host_memory_);
+    auto even = allocate_host_memory(max_message_, host_memory_);
+    auto odd = allocate_host_memory(max_message_, host_memory_);
     if (!first.ok() || !even.ok() || !odd.ok()) return;
     std::vector<LocalMemory> buffers;
     for (size_t i = 0; i < kPosted; ++i) {  // kPosted is even: message n lands in buffer n % 2
-      auto own =
-          kBufferPerReceive ? LocalMemory::allocate(max_message_) : (i % 2 == 0 ? even : odd);
+      auto own = kBufferPerReceive ? allocate_host_memory(max_message_, host_memory_)
+                                   : (i % 2 == 0 ? even : odd);
       if (!own.ok()) return;
       buffers.push_back(*own);
     }
@@ -185,6 +188,7 @@ class EndpointServer {
   const LocalMemory served_;
   std::unique_ptr<EndpointListener> listener_;
   const uint64_t max_message_;
+  const HostMemory host_memory_;
   std::mutex mu_;
   std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
@@ -193,7 +197,8 @@ class EndpointServer {
 };
 
 constexpr const char* kHelp = R"(usage: rdmabuf serve [--size BYTES] [--pattern seq|zero|random]
-                     [--gpu N] [--listen HOST:PORT] [--endpoint]
+                     [--gpu N] [--host-memory shared|private]
+                     [--listen HOST:PORT] [--endpoint]
 
 Registers one buffer, prints its handle on one line of stdout, and serves
 it until SIGINT, SIGTERM or SIGHUP. Pass the handle to `rdmabuf read`,
@@ -206,6 +211,11 @@ options:
                       zero; or random bytes (default seq)
   --gpu N             the buffer in the memory of GPU N (CUDA's numbering;
                       default: host memory)
+  --host-memory shared|private
+                      where host buffers come from: shared, memory a
+                      reader or writer on this host maps and copies
+                      directly; private, anonymous memory it copies with
+                      a system call per range (default shared)
   --listen HOST:PORT  where this process listens for peers; 0.0.0.0:PORT
                       for every interface (default: RDMABUF_LISTEN, else
                       127.0.0.1:0, loopback on a free port)
@@ -223,7 +233,8 @@ registered or served; 2 for a bad command line or RDMABUF_* variable.
 
 int cmd_serve(int argc, char** argv) {
   if (wants_help(argc, argv)) return print_help(kHelp);
-  auto args = parse_args(argc, argv, 2, {"size", "pattern", "gpu", "listen"}, {"endpoint"});
+  auto args =
+      parse_args(argc, argv, 2, {"size", "pattern", "gpu", "listen", "host-memory"}, {"endpoint"});
   if (!args.ok()) return fail(args.status());
   if (!args->positional.empty())
     return fail(InvalidArgument("serve takes no positional arguments"));
@@ -233,6 +244,8 @@ int cmd_serve(int argc, char** argv) {
   if (pattern != "seq" && pattern != "zero" && pattern != "random") {
     return fail(InvalidArgument("--pattern must be seq, zero or random"));
   }
+  auto host_memory = parse_host_memory(args->get("host-memory").value_or("shared"));
+  if (!host_memory.ok()) return fail(host_memory.status());
   auto config = Config::from_env();
   if (!config.ok()) return fail(config.status());
   if (auto listen = args->get("listen")) config->listen_address = *listen;
@@ -242,7 +255,7 @@ int cmd_serve(int argc, char** argv) {
 
   auto manager = Manager::create(*config);
   if (!manager.ok()) return fail(manager.status());
-  auto memory = LocalMemory::allocate(*size);
+  auto memory = allocate_host_memory(*size, *host_memory);
   if (!memory.ok()) return fail(memory.status());
   if (pattern == "seq") fill_seq(memory->span(), 0);
   if (pattern == "random") fill_random(memory->span(), secure_random_u64());
@@ -263,13 +276,15 @@ int cmd_serve(int argc, char** argv) {
     auto listener = (*manager)->listen("127.0.0.1:0");
     if (!listener.ok()) return fail(listener.status());
     std::printf("endpoint %s\n", (*listener)->address().c_str());
-    endpoints =
-        std::make_unique<EndpointServer>(**manager, *memory, std::move(listener).value(), *size);
+    endpoints = std::make_unique<EndpointServer>(**manager, *memory, std::move(listener).value(),
+                                                 *size, *host_memory);
   }
   std::fflush(stdout);
+  const std::string kind = memory->on_gpu() ? memory_kind_name(memory->kind())
+                                            : std::string(host_memory_name(*host_memory)) + " host";
   std::fprintf(
       stderr, "rdmabuf: serving %llu bytes (%s, %s memory) as buffer %llu of %s; Ctrl-C stops\n",
-      static_cast<unsigned long long>(*size), pattern.c_str(), memory_kind_name(memory->kind()),
+      static_cast<unsigned long long>(*size), pattern.c_str(), kind.c_str(),
       static_cast<unsigned long long>(handle->id()), (*manager)->identity().to_string().c_str());
   int sig = 0;
   sigwait(&stop_signals, &sig);

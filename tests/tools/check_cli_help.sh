@@ -19,10 +19,10 @@ limit=20  # seconds; a command without help would run, or wait, instead
 # COMMAND WORDS | its source file under tools/ | the options it accepts
 specs=(
   "info|cmd_info.cc|"
-  "serve|cmd_serve.cc|size pattern gpu listen endpoint"
+  "serve|cmd_serve.cc|size pattern gpu listen endpoint host-memory"
   "read|cmd_rw.cc|offset length"
   "write|cmd_rw.cc|offset"
-  "bench|bench.cc|backend sizes batch streams iters window layouts connect peer json quiet op compare"
+  "bench|bench.cc|backend sizes batch streams iters window layouts connect peer host-memory json quiet op compare"
   "bench --op send|bench_send.cc|op backend sizes iters rounds window peer json"
   "bench --op notify|bench_send.cc|op backend sizes iters rounds window peer json"
   "bench --gpu|bench_gpu.cc|gpu device size tcp-size iters peer json"

@@ -1,7 +1,7 @@
 // The parts of `rdmabuf bench --compare` that do not measure: the parsers
 // of the peers' outputs (fed what those tools really print), the flat JSON
 // reader for `rdmabuf bench --json` lines, medians, comparisons, the table,
-// the JSON document and the plot.
+// the JSON document and the plot; and the bench's --host-memory.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -10,6 +10,7 @@
 #include "tools/bench_peers.h"
 #include "tools/bench_plot.h"
 #include "tools/bench_report.h"
+#include "tools/host_memory.h"
 
 namespace rdmabuf::tool {
 namespace {
@@ -72,6 +73,86 @@ TEST(BenchPeers, UcxPerftestFinalLine) {
   EXPECT_DOUBLE_EQ(f->ops_per_s, 126967);
   EXPECT_FALSE(parse_ucx_perftest("Final:   1000  7.4\n").ok());  // cut short
   EXPECT_FALSE(parse_ucx_perftest("[thread 0] 952 1100.6 1051.3\n").ok());
+}
+
+// ucx_perftest 1.13.1 over shared memory (UCX_TLS=posix,sysv,self), the
+// client's whole output, as `rdmabuf bench --backend memory` runs it.
+constexpr const char* kUcxTable =
+    "+--------------+--------------+------------------------------+---------------------+"
+    "-----------------------+\n"
+    "|              |              |        latency (usec)        |   bandwidth (MB/s)  |"
+    "  message rate (msg/s) |\n"
+    "+--------------+--------------+----------+---------+---------+----------+----------+"
+    "-----------+-----------+\n"
+    "|    Stage     | # iterations | 50.0%ile | average | overall |  average |  overall |"
+    "  average  |  overall  |\n"
+    "+--------------+--------------+----------+---------+---------+----------+----------+"
+    "-----------+-----------+\n";
+
+TEST(BenchPeers, UcxPerftestOverSharedMemory) {
+  // -t ucp_get -s 8 -n 10000: the median time of one get, gets one at a
+  // time (beside the 8 B read latency row).
+  auto get = parse_ucx_perftest(
+      std::string(kUcxTable) +
+      "Final:                 10000      0.075     0.078     0.078       97.95      97.95    "
+      "12838396    12838396\n");
+  ASSERT_TRUE(get.ok()) << get.status().to_string();
+  EXPECT_DOUBLE_EQ(get->p50_us, 0.075);
+  EXPECT_DOUBLE_EQ(get->ops_per_s, 12838396);
+  EXPECT_NEAR(get->gbps, 97.95 * 1048576 / 1e9, 1e-12);
+
+  // -t ucp_put_lat -s 8 -n 10000: a ping-pong; UCX prints half the round
+  // trip (beside the 8 B write latency row, as printed).
+  auto put_lat = parse_ucx_perftest(
+      std::string(kUcxTable) +
+      "Final:                 10000      0.286     0.316     0.316       24.15      24.15     "
+      "3165990     3165990\n");
+  ASSERT_TRUE(put_lat.ok()) << put_lat.status().to_string();
+  EXPECT_DOUBLE_EQ(put_lat->p50_us, 0.286);
+
+  // -t ucp_put_bw -s 64 -n 100000: the message rate beside the rate rows.
+  auto put_bw = parse_ucx_perftest(
+      std::string(kUcxTable) +
+      "Final:                100000      0.051     0.056     0.056     1091.27    1091.27    "
+      "17879296    17879296\n");
+  ASSERT_TRUE(put_bw.ok()) << put_bw.status().to_string();
+  EXPECT_DOUBLE_EQ(put_bw->ops_per_s, 17879296);
+  EXPECT_NEAR(put_bw->gbps, 1091.27 * 1048576 / 1e9, 1e-12);
+
+  // The table without its Final line (a client cut short) is no figure.
+  EXPECT_FALSE(parse_ucx_perftest(kUcxTable).ok());
+}
+
+TEST(BenchHostMemory, ParsesSharedAndPrivateOnly) {
+  auto shared = parse_host_memory("shared");
+  ASSERT_TRUE(shared.ok());
+  EXPECT_EQ(*shared, HostMemory::kShared);
+  auto priv = parse_host_memory("private");
+  ASSERT_TRUE(priv.ok());
+  EXPECT_EQ(*priv, HostMemory::kPrivate);
+  EXPECT_STREQ(host_memory_name(HostMemory::kShared), "shared");
+  EXPECT_STREQ(host_memory_name(HostMemory::kPrivate), "private");
+  for (const char* bad : {"", "Shared", "anonymous", "shared,private"}) {
+    auto parsed = parse_host_memory(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find("--host-memory"), std::string::npos);
+  }
+}
+
+TEST(BenchHostMemory, PrivateMemoryIsZeroedAndOwned) {
+  const size_t size = 3 * 4096 + 5;
+  auto memory = allocate_host_memory(size, HostMemory::kPrivate);
+  ASSERT_TRUE(memory.ok()) << memory.status().to_string();
+  EXPECT_EQ(memory->size(), size);
+  EXPECT_EQ(memory->kind(), MemoryKind::kHost);
+  EXPECT_NE(memory->keepalive(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(memory->data()) % 4096, 0u);
+  for (std::byte b : memory->span())
+    ASSERT_EQ(b, std::byte{0});
+  memory->data()[size - 1] = std::byte{7};  // writable to its last byte
+  EXPECT_EQ(allocate_host_memory(0, HostMemory::kPrivate).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(BenchPeers, PerftestBandwidthAndLatency) {
