@@ -84,6 +84,15 @@ void FileMappings::sweep(const Segment& segment) {
   }
 }
 
+void FileMappings::clear() {
+  std::unordered_map<uint64_t, Address> dropped;
+  {
+    std::lock_guard lock(mu_);
+    dropped.swap(buffers_);
+  }
+  // Unmapped here, outside the lock.
+}
+
 size_t FileMappings::mapped() const {
   std::lock_guard lock(mu_);
   return buffers_.size();

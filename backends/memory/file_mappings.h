@@ -4,8 +4,10 @@
 //
 // A mapping covers the pages of the buffer it was made for, no more, and is
 // dropped once the owner has released that buffer: sweep() notices, at the
-// reader's next copy from that owner, by the owner's count of retractions;
-// all of them go when the owner's view is dropped. A copy holds its
+// reader's next copy from that owner, by the owner's count of retractions.
+// All of them go once the reader sees that the owner exited (at its next op
+// towards it, or when it first reaches another owner), or when the owner's
+// view is dropped. A copy holds its
 // mapping, so another thread's sweep never unmaps it under the copy.
 #pragma once
 
@@ -42,6 +44,10 @@ class FileMappings {
   // Drops the mappings of buffers `segment` no longer holds live; one load
   // when the owner has retracted nothing since the last sweep.
   void sweep(const Segment& segment);
+
+  // Drops every mapping (the owner exited: its buffers' pages are freed
+  // once no process maps them). Copies in flight keep theirs until done.
+  void clear();
 
   // How many buffers are mapped now.
   size_t mapped() const;

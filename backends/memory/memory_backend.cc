@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -113,6 +114,34 @@ struct OwnerView {
   }
 };
 
+// The indices of a job's ops: the first in place (most jobs have one op,
+// and then no allocation), all of them in a vector once there are more.
+class OpIndices {
+ public:
+  OpIndices() = default;
+  OpIndices(std::initializer_list<uint32_t> indices) {
+    for (uint32_t i : indices)
+      push_back(i);
+  }
+  void push_back(uint32_t i) {
+    if (count_ == 0) {
+      one_ = i;
+    } else {
+      if (count_ == 1) many_.push_back(one_);
+      many_.push_back(i);
+    }
+    ++count_;
+  }
+  size_t size() const { return count_; }
+  const uint32_t* begin() const { return count_ <= 1 ? &one_ : many_.data(); }
+  const uint32_t* end() const { return begin() + count_; }
+
+ private:
+  size_t count_ = 0;
+  uint32_t one_ = 0;
+  std::vector<uint32_t> many_;
+};
+
 // A unit of copying: a batch of small ops, or one piece of a large op.
 struct Job {
   std::shared_ptr<TransferState> transfer;
@@ -120,7 +149,7 @@ struct Job {
   OpKind kind = OpKind::kReadIntoLocal;
   uint32_t slot = 0;
   uint64_t generation = 0;
-  std::vector<uint32_t> ops;  // a batch; or the single op of a piece
+  OpIndices ops;              // a batch; or the single op of a piece
   uint64_t piece_offset = 0;  // within the op, for a piece
   uint64_t piece_length = 0;  // 0: whole ops (a batch)
 };
@@ -339,6 +368,11 @@ class MemoryBackend final : public Backend {
       RDMABUF_LOG_INFO("memory: cannot reach " + owner.to_string() + ": " + view->usable.message());
     }
     std::unique_lock lock(views_mu_);
+    // Owners that exited since: their buffers' pages are freed only once no
+    // process maps them.
+    for (auto& [known, other] : views_) {
+      if (other->usable.ok() && !other->alive()) other->files->clear();
+    }
     if (views_.size() >= kPruneViewsAt) {
       // Forget owners that have exited (or could never be reached).
       for (auto it = views_.begin(); it != views_.end();) {
@@ -445,9 +479,12 @@ class MemoryBackend final : public Backend {
     // towards it (a released buffer's own op included).
     view.gpu->sweep(*view.segment);
     view.files->sweep(*view.segment);
-    Pin pin;
-    RDMABUF_RETURN_IF_ERROR(pin.acquire(*view.segment, job.slot, job.generation));
     const Slot& slot = view.segment->slot(job.slot);
+    // Copies of mapped and GPU memory are armed uncancellable as they pin
+    // (the slot's kind read before the pin is a hint: checked again below).
+    const bool uncancellable = slot.in_file != 0 || slot.on_gpu != 0;
+    Pin pin;
+    RDMABUF_RETURN_IF_ERROR(pin.acquire(*view.segment, job.slot, job.generation, uncancellable));
     // Every op against the owner's record, stable while pinned: ops share a
     // job by slot and generation, which a forged handle shares with the
     // genuine one, so each op's own size and token are checked.
@@ -455,7 +492,10 @@ class MemoryBackend final : public Backend {
       RDMABUF_RETURN_IF_ERROR(check_against_slot(slot, job.transfer->op(i).remote));
     }
     if (slot.in_file) {
-      if (!view.recently_alive()) return Unavailable("the owner process has exited");
+      if (!view.recently_alive()) {
+        view.files->clear();
+        return Unavailable("the owner process has exited");
+      }
       return copy_mapped(job, slot, pin);
     }
     if (!view.alive()) return Unavailable("the owner process has exited");
@@ -497,7 +537,7 @@ class MemoryBackend final : public Backend {
   // The copy of a buffer in GPU memory, by the CUDA driver, under `pin`.
   Status copy_gpu(Job& job, const Slot& slot, Pin& pin) {
     OwnerView& view = *job.view;
-    RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
+    if (!pin.armed_uncancellable()) RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
     // `at` keeps the mapping open until the copy has returned.
     RDMABUF_ASSIGN_OR_RETURN(auto at, view.gpu->address_of(slot, job.slot, job.generation));
     std::vector<GpuRange> ranges;
@@ -515,7 +555,7 @@ class MemoryBackend final : public Backend {
   // The copy of a buffer in a shared file, through this process's mapping
   // of it, under `pin`: loads and stores, no system call.
   Status copy_mapped(Job& job, const Slot& slot, Pin& pin) {
-    RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
+    if (!pin.armed_uncancellable()) RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
     // `at` keeps the mapping until the copy has returned.
     RDMABUF_ASSIGN_OR_RETURN(auto at, job.view->files->address_of(slot, job.slot, job.generation));
     for (uint32_t i : job.ops) {

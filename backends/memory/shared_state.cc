@@ -234,7 +234,7 @@ void SlotTable::retract(uint32_t index) {
 
 // --- reader ---------------------------------------------------------------
 
-Status Pin::acquire(Segment& segment, uint32_t slot, uint64_t generation) {
+Status Pin::acquire(Segment& segment, uint32_t slot, uint64_t generation, bool uncancellable) {
   reset();
   const uint64_t me = this_holder();
   PinEntry* claimed = nullptr;
@@ -271,7 +271,9 @@ Status Pin::acquire(Segment& segment, uint32_t slot, uint64_t generation) {
   while (seen < used && !pins_used.compare_exchange_weak(seen, used, std::memory_order_seq_cst)) {
   }
   // An entry taken over from a dead holder may carry its copy's leftovers.
-  claimed->iov_count.store(0, std::memory_order_relaxed);
+  // Ordered before the target by its seq_cst store: an owner that sees the
+  // target sees these.
+  claimed->iov_count.store(uncancellable ? kUncancellableCopy : 0, std::memory_order_relaxed);
   claimed->cancelled.store(0, std::memory_order_relaxed);
   claimed->target.store(slot_target(slot, generation), std::memory_order_seq_cst);
   entry_ = claimed;

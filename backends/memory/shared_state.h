@@ -209,8 +209,9 @@ class Pin {
 
   // Claims an entry for (slot, generation) and checks that the buffer is
   // still live. kNotFound when it is not; kResourceExhausted when every
-  // entry is busy with live holders.
-  Status acquire(Segment& segment, uint32_t slot, uint64_t generation);
+  // entry is busy with live holders. `uncancellable`: the entry is armed as
+  // arm_uncancellable() would, in the same step (one check fewer).
+  Status acquire(Segment& segment, uint32_t slot, uint64_t generation, bool uncancellable = false);
   // Publishes the copy's iovecs (both arrays of `count` entries, which must
   // stay where they are, in this thread's hands, until reset()) and checks
   // again that the buffer is live. kNotFound when it is not.
@@ -221,6 +222,9 @@ class Pin {
   Status arm_uncancellable();
   // True once a releasing owner cancelled this copy: its iovecs were
   // emptied, and the op must fail (kNotFound) whatever moved.
+  bool armed_uncancellable() const {
+    return entry_ && entry_->iov_count.load(std::memory_order_relaxed) == kUncancellableCopy;
+  }
   bool cancelled() const {
     return entry_ && entry_->cancelled.load(std::memory_order_acquire) != 0;
   }
