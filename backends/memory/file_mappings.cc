@@ -34,16 +34,39 @@ Result<std::shared_ptr<const void>> map_pages(int fd, uint64_t offset, uint64_t 
 Result<FileMappings::Address> FileMappings::address_of(const Slot& slot, uint32_t index,
                                                        uint64_t generation) {
   const uint64_t key = slot_target(index, generation);
-  {
-    std::lock_guard lock(mu_);
-    auto it = buffers_.find(key);
-    if (it != buffers_.end()) return it->second;
-  }
   // The slot's fields once: they are stable while the caller's pin holds
   // (the owner rewrites a slot only after retracting it), but copied so that
   // each is read once.
   const FileExport file = slot.file;
   const uint64_t size = slot.size;
+  if (file.offset + size < file.offset) return NotFound("the owner's slot is corrupt");
+  const uint64_t first_page = file.offset / page_size() * page_size();
+  const Range range{file.device, file.inode, first_page, file.offset - first_page + size};
+  auto in_buffer = [&](const Mapped& m) {
+    return Address{m.address.base + (file.offset - first_page), m.address.mapping};
+  };
+  {
+    std::lock_guard lock(mu_);
+    auto it = buffers_.find(key);
+    if (it != buffers_.end()) return in_buffer(it->second);
+    // The same pages registered again: take the mapping back.
+    for (auto idle = idle_.begin(); idle != idle_.end(); ++idle) {
+      if (idle->range == range) {
+        idle_bytes_ -= range.length;
+        counters_.reused.fetch_add(1, std::memory_order_relaxed);
+        Mapped& taken = buffers_.emplace(key, std::move(*idle)).first->second;
+        idle_.erase(idle);
+        return in_buffer(taken);
+      }
+    }
+  }
+  RDMABUF_ASSIGN_OR_RETURN(Address pages, map(range, file));
+  std::lock_guard lock(mu_);
+  // Another thread may have mapped it meanwhile: keep the first.
+  return in_buffer(buffers_.emplace(key, Mapped{range, std::move(pages)}).first->second);
+}
+
+Result<FileMappings::Address> FileMappings::map(const Range& range, const FileExport& file) {
   const std::string path = "/proc/" + std::to_string(owner_) + "/fd/" + std::to_string(file.fd);
   // Opened without blocking (a slot could name a FIFO) and checked to be the
   // regular file the slot names, holding all of the buffer.
@@ -52,23 +75,27 @@ Result<FileMappings::Address> FileMappings::address_of(const Slot& slot, uint32_
     return NotFound("cannot open the owner's memory file " + path + ": " + errno_text(errno));
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != file.device ||
-      st.st_ino != file.inode) {
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != range.device ||
+      st.st_ino != range.inode) {
     return NotFound(path + " is not the file the owner's shared state names");
   }
-  if (file.offset + size < file.offset || static_cast<uint64_t>(st.st_size) < file.offset + size) {
+  if (static_cast<uint64_t>(st.st_size) < range.first_page + range.length) {
     return NotFound("the owner's memory file " + path + " is shorter than its buffer");
   }
-  const uint64_t first_page = file.offset / page_size() * page_size();
-  const uint64_t length = file.offset - first_page + size;
-  RDMABUF_ASSIGN_OR_RETURN(auto mapping,
-                           map_pages(fd.get(), first_page, length, "the owner's memory file"));
-  Address address{
-      static_cast<std::byte*>(const_cast<void*>(mapping.get())) + (file.offset - first_page),
-      std::move(mapping)};
-  std::lock_guard lock(mu_);
-  // Another thread may have mapped it meanwhile: keep the first.
-  return buffers_.emplace(key, std::move(address)).first->second;
+  RDMABUF_ASSIGN_OR_RETURN(
+      auto mapping, map_pages(fd.get(), range.first_page, range.length, "the owner's memory file"));
+  counters_.made.fetch_add(1, std::memory_order_relaxed);
+  auto* base = static_cast<std::byte*>(const_cast<void*>(mapping.get()));
+  return Address{base, std::move(mapping)};
+}
+
+void FileMappings::keep_idle(Mapped mapped) {
+  idle_bytes_ += mapped.range.length;
+  idle_.push_back(std::move(mapped));
+  while (idle_bytes_ > kIdleBytes) {
+    idle_bytes_ -= idle_.front().range.length;
+    idle_.pop_front();
+  }
 }
 
 void FileMappings::sweep(const Segment& segment) {
@@ -80,15 +107,23 @@ void FileMappings::sweep(const Segment& segment) {
     const uint64_t generation = target_generation(it->first);
     const bool live = segment.slot(target_slot(it->first)).state.load(std::memory_order_acquire) ==
                       (generation << 1 | 1);
-    it = live ? std::next(it) : buffers_.erase(it);
+    if (live) {
+      ++it;
+      continue;
+    }
+    keep_idle(std::move(it->second));
+    it = buffers_.erase(it);
   }
 }
 
 void FileMappings::clear() {
-  std::unordered_map<uint64_t, Address> dropped;
+  std::unordered_map<uint64_t, Mapped> dropped;
+  std::deque<Mapped> idle;
   {
     std::lock_guard lock(mu_);
     dropped.swap(buffers_);
+    idle.swap(idle_);
+    idle_bytes_ = 0;
   }
   // Unmapped here, outside the lock.
 }

@@ -44,7 +44,7 @@ constexpr size_t kMaxBatch = 1024;
 constexpr uint64_t kMaxBatchBytes = 4 << 20;
 // Large ops are cut into pieces copied in parallel by the caller and the
 // helper threads; a piece is also how long release() may wait for a copy.
-constexpr uint64_t kMinPiece = 1 << 20;
+constexpr uint64_t kMinPiece = 256 << 10;
 constexpr uint64_t kMaxPiece = 16 << 20;
 constexpr size_t kMaxHelpers = 7;
 // Owners seen are pruned (exited ones forgotten) when this many are known.
@@ -177,6 +177,9 @@ class MemoryBackend final : public Backend {
     info.details.emplace_back(
         "ptrace_scope", ptrace_scope_ < 0 ? std::string("no Yama") : std::to_string(ptrace_scope_));
     info.details.emplace_back("copy threads", std::to_string(helpers_wanted_ + 1));
+    info.details.emplace_back("owner files mapped", std::to_string(mapping_counters_.made.load()));
+    info.details.emplace_back("owner file mappings reused",
+                              std::to_string(mapping_counters_.reused.load()));
     return info;
   }
 
@@ -417,7 +420,7 @@ class MemoryBackend final : public Backend {
     }
     if (!view.alive()) return Unavailable("the owner process has exited");
     view.gpu = std::make_unique<GpuMappings>(view.pid, view.pid == ::getpid());
-    view.files = std::make_unique<FileMappings>(view.pid);
+    view.files = std::make_unique<FileMappings>(view.pid, mapping_counters_);
     return Status::Ok();
   }
 
@@ -696,6 +699,7 @@ class MemoryBackend final : public Backend {
   std::mutex owned_mu_;
   std::unordered_map<uint64_t, Owned> owned_;  // buffer id -> its slot. Guarded by owned_mu_.
 
+  MappingCounters mapping_counters_;  // before views_: their mappings count here
   std::shared_mutex views_mu_;
   std::map<std::pair<uint64_t, uint32_t>, std::shared_ptr<OwnerView>> views_;
 

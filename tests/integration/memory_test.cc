@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/crc32c.h"
+#include "tests/helpers/backend_detail.h"
 #include "tests/helpers/process.h"
 #include "tests/integration/integration.h"
 
@@ -258,6 +259,41 @@ INSTANTIATE_TEST_SUITE_P(Backends, ReleaseRaceTest,
                          ::testing::Values(std::string("memory"),
                                            std::string("memory_private_host"), std::string("tcp")),
                          param_name);
+
+// A reader maps a buffer in a shared file once; the same pages released and
+// registered again (an endpoint's receive buffers, a pool) take the mapping
+// back; private memory is never mapped.
+TEST(MemoryMappingTest, MemoryRegisteredAgainReusesTheReadersMapping) {
+  auto owner = make_manager([](Config& c) { c.backends = {"memory"}; });
+  auto reader = make_manager([](Config& c) { c.backends = {"memory"}; });
+  ASSERT_NE(owner, nullptr);
+  ASSERT_NE(reader, nullptr);
+  if (backend_detail(*reader, "memory", "owner files mapped").starts_with("<")) {
+    GTEST_SKIP() << "the memory backend is not viable here";
+  }
+  auto counts = [&] {
+    return backend_detail(*reader, "memory", "owner files mapped") + " mapped, " +
+           backend_detail(*reader, "memory", "owner file mappings reused") + " reused";
+  };
+  LocalMemory shared = with_pattern(1 << 20, 41);
+  LocalMemory dst = allocate(1 << 20);
+  for (int round = 0; round < 5; ++round) {
+    auto handle = owner->register_buffer(shared);
+    ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+    ASSERT_TRUE(reader->read_into(*handle, dst, kTimeout).ok());
+    EXPECT_EQ(find_mismatch(dst.span(), 41), std::nullopt);
+    ASSERT_TRUE(owner->release(*handle).ok());
+  }
+  EXPECT_EQ(counts(), "1 mapped, 4 reused");
+
+  LocalMemory private_memory = LocalMemory::allocate_private(1 << 20).value();
+  fill_pattern(private_memory.span(), 42);
+  auto handle = owner->register_buffer(private_memory);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE(reader->read_into(*handle, dst, kTimeout).ok());
+  EXPECT_EQ(find_mismatch(dst.span(), 42), std::nullopt);
+  EXPECT_EQ(counts(), "1 mapped, 4 reused") << "private memory is copied through the kernel";
+}
 
 // What rdmabuf_test_reader printed.
 struct ReaderReport {
