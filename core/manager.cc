@@ -14,6 +14,7 @@
 #include "common/host.h"
 #include "common/log.h"
 #include "common/op_text.h"
+#include "common/scratch.h"
 #include "common/strings.h"
 #include "common/wire.h"
 #include "core/backend_table.h"
@@ -457,8 +458,12 @@ std::shared_ptr<TransferState> ManagerImpl::start(std::vector<Op> ops,
     }
     return state;
   }
-  // Usually every op goes to one backend; keep that path allocation-light.
-  std::vector<std::vector<uint32_t>> per_slot(slots_.size());
+  // Usually every op goes to one backend; keep that path allocation-free.
+  Scratch<std::vector<std::vector<uint32_t>>, struct StartLists> lists;
+  std::vector<std::vector<uint32_t>>& per_slot = lists.get();
+  per_slot.resize(slots_.size());
+  for (auto& list : per_slot)
+    list.clear();
   const std::vector<BackendContext>* routed_handle = nullptr;
   Route route;
   for (size_t i = 0; i < state->op_count(); ++i) {

@@ -32,6 +32,7 @@
 #include "common/host.h"
 #include "common/log.h"
 #include "common/op_text.h"
+#include "common/scratch.h"
 #include "common/strings.h"
 
 namespace rdmabuf::memory {
@@ -259,7 +260,9 @@ class MemoryBackend final : public Backend {
 
   void submit(const std::shared_ptr<TransferState>& transfer,
               std::span<const uint32_t> indices) override {
-    std::vector<Job> jobs;
+    Scratch<std::vector<Job>, struct SubmitJobs> scratch;
+    std::vector<Job>& jobs = scratch.get();
+    jobs.clear();
     size_t batch = SIZE_MAX;  // index of the batch being filled, if any
     uint64_t batch_bytes = 0;
     uint64_t total_bytes = 0;
@@ -324,6 +327,7 @@ class MemoryBackend final : public Backend {
       // The first job starts as the transfer does, before its deadline.
       for (size_t j = 0; j < jobs.size(); ++j)
         run(jobs[j], /*check_deadline=*/j > 0);
+      jobs.clear();  // keeps the capacity, not the transfer
     }
   }
 
