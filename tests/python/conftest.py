@@ -29,7 +29,32 @@ def spawn() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-class Owner:
+class PeerProcess:
+    """A spawned process that answers commands sent over a pipe (peers.py):
+    an exception it answers is raised here."""
+
+    conn: Any
+    proc: Any
+
+    def call(self, *cmd: Any) -> Any:
+        self.conn.send(cmd)
+        if not self.conn.poll(60):
+            raise RuntimeError(f"the peer process did not answer {cmd!r}")
+        answer = self.conn.recv()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        try:
+            self.call("exit")
+        finally:
+            self.proc.join(30)
+            if self.proc.is_alive():
+                self.proc.kill()
+
+
+class Owner(PeerProcess):
     """A spawned process owning a numpy array and a torch tensor (peers.owner_main)."""
 
     def __init__(self, ctx: Any, backends: str = "", with_torch: bool = True) -> None:
@@ -44,15 +69,6 @@ class Owner:
         if not self.conn.poll(60):
             raise RuntimeError("the owner process did not start")
         self.buffers: Dict[str, rdmabuf.RDMABuffer] = self.conn.recv()
-
-    def call(self, *cmd: Any) -> Any:
-        self.conn.send(cmd)
-        if not self.conn.poll(60):
-            raise RuntimeError(f"the owner did not answer {cmd!r}")
-        answer = self.conn.recv()
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
 
     @contextmanager
     def stopped(self) -> Iterator[None]:
@@ -82,15 +98,6 @@ class Owner:
             if stat.rsplit(")", 1)[1].split()[0] not in ("T", "t"):
                 return False
         return True
-
-    def close(self) -> None:
-        try:
-            self.call("exit")
-        finally:
-            self.proc.join(30)
-            if self.proc.is_alive():
-                self.proc.kill()
-
 
 @pytest.fixture(scope="module")
 def owner(spawn: Any) -> Iterator[Owner]:

@@ -22,6 +22,7 @@ np = needs.module("numpy")
 torch = needs.module("torch")
 
 import peers
+from conftest import PeerProcess
 import rdmabuf
 from rdmabuf import _rdmabuf
 
@@ -210,7 +211,7 @@ def test_shared_with_a_forked_child() -> None:
 # --- Transfers from another process on memory in a shared file ---------------------
 
 
-class Reader:
+class Reader(PeerProcess):
     """A spawned process that reads and writes the test's buffers (peers.maps_file_main)."""
 
     def __init__(self, ctx: Any) -> None:
@@ -218,23 +219,6 @@ class Reader:
         self.proc = ctx.Process(target=peers.maps_file_main, args=(child,), daemon=True)
         self.proc.start()
         child.close()
-
-    def call(self, *cmd: Any) -> Any:
-        self.conn.send(cmd)
-        if not self.conn.poll(60):
-            raise RuntimeError(f"the reader did not answer {cmd[0]!r}")
-        answer = self.conn.recv()
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    def close(self) -> None:
-        try:
-            self.call("exit")
-        finally:
-            self.proc.join(30)
-            if self.proc.is_alive():
-                self.proc.kill()
 
 
 @pytest.fixture(scope="module")
