@@ -97,32 +97,41 @@ class Churn {
 
   void run() {
     while (!stopping_.load()) {
-      const size_t size = size_t{4096} << (rounds_.load() % 5);  // 4 KiB .. 64 KiB
-      auto memory = LocalMemory::allocate(size);
-      if (!memory.ok()) {
-        fail("allocate: " + memory.status().to_string());
-        return;
-      }
-      auto handle = manager_.register_buffer(*memory);
-      if (!handle.ok()) {
-        fail("register_buffer, round " + std::to_string(rounds_.load()) + ": " +
-             handle.status().to_string());
-      } else {
-        if (context_names(*handle) != expected_) {
-          fail("round " + std::to_string(rounds_.load()) + ": a new buffer is offered over " +
-               backend_list(context_names(*handle)) + ", the first ones over " +
-               backend_list(expected_));
-        }
-        Status released = manager_.release(*handle);
-        if (!released.ok()) fail("release: " + released.to_string());
-        if (manager_.registered_count() != steady_count_) {
-          fail("after release, " + std::to_string(manager_.registered_count()) +
-               " buffers are registered, not " + std::to_string(steady_count_));
-        }
-      }
+      if (!churn_once()) return;
       rounds_.fetch_add(1);
       std::this_thread::sleep_for(kChurnPeriod);
     }
+  }
+
+  // One buffer allocated, registered and released; false when it cannot
+  // be allocated. Its memory (and the descriptor of its file) is gone
+  // before the pause between rounds, so that the owner's descriptors, as
+  // the soak samples them, are its steady ones but for a moment.
+  bool churn_once() {
+    const size_t size = size_t{4096} << (rounds_.load() % 5);  // 4 KiB .. 64 KiB
+    auto memory = LocalMemory::allocate(size);
+    if (!memory.ok()) {
+      fail("allocate: " + memory.status().to_string());
+      return false;
+    }
+    auto handle = manager_.register_buffer(*memory);
+    if (!handle.ok()) {
+      fail("register_buffer, round " + std::to_string(rounds_.load()) + ": " +
+           handle.status().to_string());
+    } else {
+      if (context_names(*handle) != expected_) {
+        fail("round " + std::to_string(rounds_.load()) + ": a new buffer is offered over " +
+             backend_list(context_names(*handle)) + ", the first ones over " +
+             backend_list(expected_));
+      }
+      Status released = manager_.release(*handle);
+      if (!released.ok()) fail("release: " + released.to_string());
+      if (manager_.registered_count() != steady_count_) {
+        fail("after release, " + std::to_string(manager_.registered_count()) +
+             " buffers are registered, not " + std::to_string(steady_count_));
+      }
+    }
+    return true;
   }
 
   Manager& manager_;
