@@ -124,6 +124,14 @@ Fd open_file(uint64_t device, uint64_t inode, const std::string& path) {
   }
   constexpr std::string_view kDeleted = " (deleted)";
   if (path.empty() || path[0] != '/' || path.ends_with(kDeleted)) return Fd();
+  // Only the regular file the mapping names is opened: never a device
+  // (/dev/nvidiactl behind CUDA's pinned memory, say), whose open has
+  // effects of its own.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != device ||
+      st.st_ino != inode) {
+    return Fd();
+  }
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
   if (fd.valid() && !same_file(fd.get(), device, inode)) return Fd();
   return fd;

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <string>
 
+#include "common/log.h"
 #include "common/socket.h"
 #include "common/strings.h"
 
@@ -49,10 +50,12 @@ Result<FileMappings::Address> FileMappings::address_of(const Slot& slot, uint32_
     std::lock_guard lock(mu_);
     auto it = buffers_.find(key);
     if (it != buffers_.end()) return in_buffer(it->second);
+    auto refused = unmappable_.find(key);
+    if (refused != unmappable_.end()) return refused->second;
     // The same pages registered again: take the mapping back.
     for (auto idle = idle_.begin(); idle != idle_.end(); ++idle) {
       if (idle->range == range) {
-        idle_bytes_ -= range.length;
+        idle_bytes_ -= pages_of(range);
         counters_.reused.fetch_add(1, std::memory_order_relaxed);
         Mapped& taken = buffers_.emplace(key, std::move(*idle)).first->second;
         idle_.erase(idle);
@@ -60,10 +63,18 @@ Result<FileMappings::Address> FileMappings::address_of(const Slot& slot, uint32_
       }
     }
   }
-  RDMABUF_ASSIGN_OR_RETURN(Address pages, map(range, file));
+  auto pages = map(range, file);
   std::lock_guard lock(mu_);
+  if (!pages.ok()) {
+    RDMABUF_LOG_INFO("memory: " + pages.status().message() +
+                     "; copies of that buffer go through the kernel");
+    unmappable_.emplace(key, pages.status());
+    return pages.status();
+  }
   // Another thread may have mapped it meanwhile: keep the first.
-  return in_buffer(buffers_.emplace(key, Mapped{range, std::move(pages)}).first->second);
+  auto [it, inserted] = buffers_.emplace(key, Mapped{range, std::move(*pages)});
+  if (inserted) counters_.made.fetch_add(1, std::memory_order_relaxed);
+  return in_buffer(it->second);
 }
 
 Result<FileMappings::Address> FileMappings::map(const Range& range, const FileExport& file) {
@@ -84,16 +95,19 @@ Result<FileMappings::Address> FileMappings::map(const Range& range, const FileEx
   }
   RDMABUF_ASSIGN_OR_RETURN(
       auto mapping, map_pages(fd.get(), range.first_page, range.length, "the owner's memory file"));
-  counters_.made.fetch_add(1, std::memory_order_relaxed);
   auto* base = static_cast<std::byte*>(const_cast<void*>(mapping.get()));
   return Address{base, std::move(mapping)};
 }
 
+uint64_t FileMappings::pages_of(const Range& range) {
+  return (range.length + page_size() - 1) / page_size() * page_size();
+}
+
 void FileMappings::keep_idle(Mapped mapped) {
-  idle_bytes_ += mapped.range.length;
+  idle_bytes_ += pages_of(mapped.range);
   idle_.push_back(std::move(mapped));
-  while (idle_bytes_ > kIdleBytes) {
-    idle_bytes_ -= idle_.front().range.length;
+  while (idle_bytes_ > kIdleBytes || idle_.size() > kIdleMappings) {
+    idle_bytes_ -= pages_of(idle_.front().range);
     idle_.pop_front();
   }
 }
@@ -103,11 +117,13 @@ void FileMappings::sweep(const Segment& segment) {
   if (retractions == seen_retractions_.load(std::memory_order_relaxed)) return;
   std::lock_guard lock(mu_);
   seen_retractions_.store(retractions, std::memory_order_relaxed);
+  auto live = [&segment](uint64_t target) {
+    return segment.slot(target_slot(target)).state.load(std::memory_order_acquire) ==
+           (target_generation(target) << 1 | 1);
+  };
+  std::erase_if(unmappable_, [&](const auto& entry) { return !live(entry.first); });
   for (auto it = buffers_.begin(); it != buffers_.end();) {
-    const uint64_t generation = target_generation(it->first);
-    const bool live = segment.slot(target_slot(it->first)).state.load(std::memory_order_acquire) ==
-                      (generation << 1 | 1);
-    if (live) {
+    if (live(it->first)) {
       ++it;
       continue;
     }
@@ -123,6 +139,7 @@ void FileMappings::clear() {
     std::lock_guard lock(mu_);
     dropped.swap(buffers_);
     idle.swap(idle_);
+    unmappable_.clear();
     idle_bytes_ = 0;
   }
   // Unmapped here, outside the lock.

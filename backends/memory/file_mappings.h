@@ -5,7 +5,8 @@
 // A mapping covers the pages of the buffer it was made for, no more. Once
 // the owner has released that buffer (sweep() notices, at the reader's next
 // copy from that owner, by the owner's count of retractions), the mapping
-// is kept a while among the recently released, up to kIdleBytes: owners
+// is kept a while among the recently released, up to kIdleBytes and
+// kIdleMappings: owners
 // register the same memory again and again (an endpoint's receive buffers,
 // a pool), and a buffer registered again over the same pages of the same
 // file takes the mapping back, with its pages already faulted in, instead
@@ -53,6 +54,8 @@ class FileMappings {
     std::byte* base = nullptr;
     std::shared_ptr<const void> mapping;
   };
+  // A buffer that cannot be mapped is remembered as such (until released):
+  // its ops go through the kernel instead, without trying again.
   Result<Address> address_of(const Slot& slot, uint32_t index, uint64_t generation);
 
   // Drops the mappings of buffers `segment` no longer holds live; one load
@@ -76,11 +79,14 @@ class FileMappings {
     Range range;
     Address address;  // of the range's first page
   };
-  // Recently released mappings kept, in bytes at most.
+  // Recently released mappings kept: bytes (whole pages) and mappings at
+  // most (each is one of the process's vm.max_map_count).
   static constexpr uint64_t kIdleBytes = 256ull << 20;
+  static constexpr size_t kIdleMappings = 256;
 
   Result<Address> map(const Range& range, const FileExport& file);
-  void keep_idle(Mapped mapped);  // under mu_
+  void keep_idle(Mapped mapped);                 // under mu_
+  static uint64_t pages_of(const Range& range);  // its length in whole pages
 
   const pid_t owner_;
   MappingCounters& counters_;
@@ -89,6 +95,8 @@ class FileMappings {
   // slot_target(slot, generation) -> its buffer's range and mapping (of the
   // range's first page). Guarded by mu_.
   std::unordered_map<uint64_t, Mapped> buffers_;
+  // slot_target()s of buffers that could not be mapped, and why. Guarded by mu_.
+  std::unordered_map<uint64_t, Status> unmappable_;
   // Mappings of released buffers, oldest first, and their bytes. Guarded by mu_.
   std::deque<Mapped> idle_;
   uint64_t idle_bytes_ = 0;

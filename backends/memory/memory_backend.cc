@@ -503,7 +503,10 @@ class MemoryBackend final : public Backend {
         view.files->clear();
         return Unavailable("the owner process has exited");
       }
-      return copy_mapped(job, slot, pin);
+      // Where the file cannot be mapped here (a file mode, a seal, no room
+      // for another mapping): through the kernel, as other memory.
+      auto at = view.files->address_of(slot, job.slot, job.generation);
+      if (at.ok()) return copy_mapped(job, *at, pin);
     }
     if (!view.alive()) return Unavailable("the owner process has exited");
     if (slot.on_gpu) return copy_gpu(job, slot, pin);
@@ -560,11 +563,10 @@ class MemoryBackend final : public Backend {
   }
 
   // The copy of a buffer in a shared file, through this process's mapping
-  // of it, under `pin`: loads and stores, no system call.
-  Status copy_mapped(Job& job, const Slot& slot, Pin& pin) {
+  // of it (`at`), under `pin`: loads and stores, no system call.
+  // `at` keeps the mapping until the copy has returned.
+  Status copy_mapped(Job& job, const FileMappings::Address& at, Pin& pin) {
     if (!pin.armed_uncancellable()) RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
-    // `at` keeps the mapping until the copy has returned.
-    RDMABUF_ASSIGN_OR_RETURN(auto at, job.view->files->address_of(slot, job.slot, job.generation));
     for (uint32_t i : job.ops) {
       const Op& op = job.transfer->op(i);
       const uint64_t offset = job.piece_length ? job.piece_offset : 0;

@@ -166,6 +166,9 @@ namespace {
 // holder) or its memory could not be written.
 bool cancel_stopped_copy(PinEntry& e, uint64_t holder, uint64_t target) {
   const uint32_t count = e.iov_count.load(std::memory_order_seq_cst);
+  // Armed uncancellable since the caller looked (the holder ran, and pinned
+  // again): waited for, as any such copy.
+  if (count == kUncancellableCopy) return false;
   if (count != 0) {
     const auto pid = static_cast<pid_t>(holder >> 32);
     const size_t bytes = size_t{count} * sizeof(iovec);

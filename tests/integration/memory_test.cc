@@ -2,10 +2,13 @@
 // (for the memory backend, where no thread of the owner takes part, and for
 // tcp), and the fallback to TCP, with its reason, where the kernel refuses
 // cross-memory attach.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -293,6 +296,43 @@ TEST(MemoryMappingTest, MemoryRegisteredAgainReusesTheReadersMapping) {
   ASSERT_TRUE(reader->read_into(*handle, dst, kTimeout).ok());
   EXPECT_EQ(find_mismatch(dst.span(), 42), std::nullopt);
   EXPECT_EQ(counts(), "1 mapped, 4 reused") << "private memory is copied through the kernel";
+}
+
+// A buffer in a file the reader cannot map (sealed against writes through
+// new mappings) is copied through the kernel: reads and writes work.
+TEST(MemoryMappingTest, AFileTheReaderCannotMapIsCopiedThroughTheKernel) {
+  constexpr size_t kSize = 256 << 10;
+  auto owner = make_manager([](Config& c) { c.backends = {"memory"}; });
+  auto reader = make_manager([](Config& c) { c.backends = {"memory"}; });
+  ASSERT_NE(owner, nullptr);
+  ASSERT_NE(reader, nullptr);
+  if (backend_detail(*reader, "memory", "owner files mapped").starts_with("<")) {
+    GTEST_SKIP() << "the memory backend is not viable here";
+  }
+  const int fd = ::memfd_create("unmappable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kSize), 0);
+  void* at = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(at, MAP_FAILED);
+  std::shared_ptr<const void> mapping(at,
+                                      [](const void* p) { ::munmap(const_cast<void*>(p), kSize); });
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) != 0) {
+    ::close(fd);
+    GTEST_SKIP() << "F_SEAL_FUTURE_WRITE: " << std::strerror(errno);
+  }
+  LocalMemory memory(at, kSize, mapping);
+  fill_pattern(memory.span(), 43);
+  auto handle = owner->register_buffer(memory);
+  ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+  LocalMemory dst = allocate(kSize);
+  ASSERT_TRUE(reader->read_into(*handle, dst, kTimeout).ok());
+  EXPECT_EQ(find_mismatch(dst.span(), 43), std::nullopt);
+  LocalMemory src = with_pattern(kSize, 44);
+  ASSERT_TRUE(reader->write_from(*handle, src, kTimeout).ok());
+  EXPECT_EQ(find_mismatch(memory.span(), 44), std::nullopt);
+  EXPECT_EQ(backend_detail(*reader, "memory", "owner files mapped"), "0");
+  ASSERT_TRUE(owner->release(*handle).ok());
+  ::close(fd);
 }
 
 // What rdmabuf_test_reader printed.
