@@ -165,9 +165,9 @@ std::optional<FileBacking> find_file_backing(const void* addr, size_t size) {
       --it;
       if (at - it->first + size <= it->second.size) {
         FileBacking backing;
-        backing.fd = Fd(::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0));
+        backing.number = it->second.fd;  // open while the allocation lives: no dup
         struct stat st {};
-        if (!backing.fd.valid() || ::fstat(backing.fd.get(), &st) != 0) return std::nullopt;
+        if (::fstat(backing.number, &st) != 0) return std::nullopt;
         backing.offset = at - it->first;
         backing.device = st.st_dev;
         backing.inode = st.st_ino;
@@ -181,10 +181,11 @@ std::optional<FileBacking> find_file_backing(const void* addr, size_t size) {
   FileBacking backing;
   backing.fd = open_file(mapping.device, mapping.inode, mapping.path);
   if (!backing.fd.valid()) return std::nullopt;
+  backing.number = backing.fd.get();
   backing.offset = mapping.offset + (at - mapping.start);
   backing.device = mapping.device;
   backing.inode = mapping.inode;
-  backing.sealed = sealed_against_shrinking(backing.fd.get());
+  backing.sealed = sealed_against_shrinking(backing.number);
   return backing;
 }
 

@@ -19,7 +19,10 @@ namespace rdmabuf {
 
 // The file behind a range of this process's memory.
 struct FileBacking {
-  Fd fd;                // the file, open for as long as this value lives (a dup)
+  // The descriptor that names the file: one of LocalMemory::allocate's,
+  // open while its memory lives; else `fd`'s, a dup made for this value.
+  int number = -1;
+  Fd fd;
   uint64_t offset = 0;  // of the range's first byte within the file
   uint64_t device = 0;  // the file's st_dev and st_ino, for a reader to check
   uint64_t inode = 0;   //   the file it opened is this one

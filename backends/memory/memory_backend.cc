@@ -193,7 +193,8 @@ class MemoryBackend final : public Backend {
       RDMABUF_ASSIGN_OR_RETURN(gpu, export_gpu_memory(memory));
     }
     // Host memory in a shared file is published with the file, which stays
-    // open here while the buffer is registered.
+    // open here while the buffer is registered (LocalMemory::allocate's
+    // memory keeps its own descriptor open: registered, it is kept alive).
     std::optional<FileBacking> backing;
     FileExport file;
     if (!memory.on_gpu()) backing = find_file_backing(memory.data(), memory.size());
@@ -201,7 +202,7 @@ class MemoryBackend final : public Backend {
       file.offset = backing->offset;
       file.device = backing->device;
       file.inode = backing->inode;
-      file.fd = static_cast<uint32_t>(backing->fd.get());
+      file.fd = static_cast<uint32_t>(backing->number);
       file.sealed = backing->sealed ? 1 : 0;
     }
     RDMABUF_ASSIGN_OR_RETURN(auto published, slots_.publish(memory.data(), memory.size(), token,

@@ -32,7 +32,7 @@ struct Mapping {
 bool names_file(const FileBacking& backing, int fd) {
   struct stat mine {
   }, theirs{};
-  return ::fstat(fd, &mine) == 0 && ::fstat(backing.fd.get(), &theirs) == 0 &&
+  return ::fstat(fd, &mine) == 0 && ::fstat(backing.number, &theirs) == 0 &&
          mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino &&
          backing.device == mine.st_dev && backing.inode == mine.st_ino;
 }
@@ -44,6 +44,8 @@ TEST(FileBackingTest, AllocatedMemoryIsInASealedFileOfItsOwn) {
   ASSERT_TRUE(backing.has_value());
   EXPECT_EQ(backing->offset, 4096u);
   EXPECT_TRUE(backing->sealed);
+  EXPECT_FALSE(backing->fd.valid()) << "the allocation's own descriptor names it: no dup";
+  EXPECT_GE(backing->number, 0);
   EXPECT_FALSE(find_file_backing(memory->data() + kSize - 8, 16).has_value())
       << "a range running past the allocation";
 }
@@ -59,7 +61,7 @@ TEST(FileBackingTest, AForgottenAllocationIsNotFound) {
   auto backing = find_file_backing(at, kSize);
   if (backing) {
     struct stat st {};
-    ASSERT_EQ(::fstat(backing->fd.get(), &st), 0);
+    ASSERT_EQ(::fstat(backing->number, &st), 0);
     EXPECT_FALSE(backing->sealed && st.st_size == static_cast<off_t>(kSize));
   }
 }
@@ -75,7 +77,8 @@ TEST(FileBackingTest, ASharedMappingOfAMemfdIsFoundThroughTheOpenDescriptor) {
   EXPECT_EQ(backing->offset, kSize);
   EXPECT_FALSE(backing->sealed);
   EXPECT_TRUE(names_file(*backing, fd));
-  EXPECT_NE(backing->fd.get(), fd) << "a descriptor of its own, not the caller's";
+  EXPECT_NE(backing->number, fd) << "a descriptor of its own, not the caller's";
+  EXPECT_EQ(backing->number, backing->fd.get());
   ::close(fd);
   EXPECT_FALSE(find_file_backing(m.bytes(), 2 * kSize + 1).has_value()) << "past the mapping";
 }
