@@ -1,4 +1,5 @@
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <string>
@@ -13,15 +14,28 @@
 
 namespace rdmabuf {
 
+namespace {
+
+// Whether descriptor `fd` lies in the upper half of what RLIMIT_NOFILE
+// allows: allocations then stop taking descriptors (their memory is
+// private instead), so that sockets, eventfds and pidfds still find some.
+bool in_upper_half_of_descriptors(int fd) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return false;
+  return static_cast<rlim_t>(fd) >= limit.rlim_cur / 2;
+}
+
+}  // namespace
+
 Result<LocalMemory> LocalMemory::allocate(size_t size) {
   if (size == 0) return InvalidArgument("cannot allocate 0 bytes");
   // In a memfd of its own, sealed at its size, so that a reader on this
   // host can map it and copy with loads and stores (common/file_backing.h);
   // mmap gives page-aligned, zero-filled memory and returns it to the
   // kernel on free, whatever its size. Anonymous memory where the kernel
-  // refuses a memfd.
+  // refuses a memfd, or once the process holds half the descriptors it may.
   auto file = create_sealed_memfd("rdmabuf", size, "an allocation");
-  if (file.ok()) {
+  if (file.ok() && !in_upper_half_of_descriptors(file->get())) {
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, file->get(), 0);
     if (p != MAP_FAILED) {
       const int fd = file->release();

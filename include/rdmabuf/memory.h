@@ -77,8 +77,9 @@ class LocalMemory {
   // and stores, at memory speed, rather than through a system call per op
   // (docs/performance.md). Like any MAP_SHARED memory it stays shared with
   // a child after fork(), not copied on write. It holds one file descriptor
-  // while it lives; where the process has none left or the kernel refuses a
-  // memfd, the memory is private, as allocate_private()'s. Memory the
+  // while it lives; once the process holds half the descriptors its
+  // RLIMIT_NOFILE allows, or where the kernel refuses a memfd, the memory is
+  // private, as allocate_private()'s. Memory the
   // caller maps from a shared file itself (a memfd, /dev/shm, a torch
   // tensor after share_memory_()) is reached the same way.
   static Result<LocalMemory> allocate(size_t size);
