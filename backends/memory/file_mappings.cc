@@ -145,9 +145,4 @@ void FileMappings::clear() {
   // Unmapped here, outside the lock.
 }
 
-size_t FileMappings::mapped() const {
-  std::lock_guard lock(mu_);
-  return buffers_.size();
-}
-
 }  // namespace rdmabuf::memory

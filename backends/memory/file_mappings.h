@@ -66,9 +66,6 @@ class FileMappings {
   // once no process maps them). Copies in flight keep theirs until done.
   void clear();
 
-  // How many buffers are mapped now.
-  size_t mapped() const;
-
  private:
   // The pages of one file that a mapping covers.
   struct Range {
@@ -91,7 +88,7 @@ class FileMappings {
   const pid_t owner_;
   MappingCounters& counters_;
   std::atomic<uint64_t> seen_retractions_{0};
-  mutable std::mutex mu_;
+  std::mutex mu_;
   // slot_target(slot, generation) -> its buffer's range and mapping (of the
   // range's first page). Guarded by mu_.
   std::unordered_map<uint64_t, Mapped> buffers_;

@@ -58,17 +58,6 @@ int read_ptrace_scope() {
   return -1;  // no Yama: classic ptrace rules (same user, dumpable)
 }
 
-// Copies between this process's memory and a mapping of an owner's file:
-// inline up to 32 bytes (an 8 B op's copy is a load and a store), memcpy
-// beyond, whose choice of method by size glibc tunes to the CPU.
-inline void copy_mapped_bytes(std::byte* to, const std::byte* from, uint64_t length) {
-  if (length <= 32) {
-    copy_short(to, from, length);
-  } else {
-    std::memcpy(to, from, length);
-  }
-}
-
 uint64_t next_serial() {
   static std::atomic<uint64_t> serial{0};
   return serial.fetch_add(1) + 1;
@@ -574,10 +563,12 @@ class MemoryBackend final : public Backend {
       const uint64_t length = job.piece_length ? job.piece_length : op.bytes();
       std::byte* local = op.local.data() + offset;
       std::byte* remote = at.base + op.remote.offset() + offset;
+      // Inline up to 32 bytes (an 8 B op is a load and a store), memcpy
+      // beyond, whose choice of method by size glibc tunes to the CPU.
       if (job.kind == OpKind::kReadIntoLocal) {
-        copy_mapped_bytes(local, remote, length);
+        copy_short(local, remote, length);
       } else {
-        copy_mapped_bytes(remote, local, length);
+        copy_short(remote, local, length);
       }
     }
     return Status::Ok();

@@ -56,6 +56,20 @@ class ReleaseRaceTest : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "memory_private_host") return {"RDMABUF_TEST_PRIVATE_HOST=1"};
     return {};
   }
+
+  // An owner process and a reader in this one, whose ops reach it over
+  // backend() (else the test is skipped, saying why).
+  void SetUp() override {
+    peer_ = start_peer({{4096, 1}}, peer_env());
+    ASSERT_NE(peer_, nullptr);
+    reader_ = make_manager([&](Config& c) { c.backends = {backend()}; });
+    ASSERT_NE(reader_, nullptr);
+    std::string why;
+    if (!routes_over(*reader_, *peer_, backend(), &why)) GTEST_SKIP() << why;
+  }
+
+  std::unique_ptr<TestPeer> peer_;
+  std::unique_ptr<Manager> reader_;
 };
 
 // Waits (up to kTimeout) until `outcomes` (under `mu`) holds an op that
@@ -83,12 +97,8 @@ void await_an_op_started_after(Clock::time_point released, std::mutex& mu,
 TEST_P(ReleaseRaceTest, WritesNeverLandAfterReleaseReturned) {
   constexpr uint64_t kSize = 4 << 20;
   constexpr uint64_t kPart = 1 << 20;  // one writer's range: a large op
-  auto peer = start_peer({{4096, 1}}, peer_env());
-  ASSERT_NE(peer, nullptr);
-  auto reader = make_manager([&](Config& c) { c.backends = {backend()}; });
-  ASSERT_NE(reader, nullptr);
-  std::string why;
-  if (!routes_over(*reader, *peer, backend(), &why)) GTEST_SKIP() << why;
+  auto& peer = peer_;
+  auto& reader = reader_;
 
   std::atomic<uint64_t> stamp{1};
   for (int round = 0; round < 16; ++round) {
@@ -150,12 +160,8 @@ TEST_P(ReleaseRaceTest, WritesNeverLandAfterReleaseReturned) {
 // after release() returned fail with NotFound; none returns stale bytes.
 TEST_P(ReleaseRaceTest, ReadsAfterReleaseReturnedAreNotFound) {
   constexpr uint64_t kSize = 256 << 10;
-  auto peer = start_peer({{4096, 1}}, peer_env());
-  ASSERT_NE(peer, nullptr);
-  auto reader = make_manager([&](Config& c) { c.backends = {backend()}; });
-  ASSERT_NE(reader, nullptr);
-  std::string why;
-  if (!routes_over(*reader, *peer, backend(), &why)) GTEST_SKIP() << why;
+  auto& peer = peer_;
+  auto& reader = reader_;
 
   for (int round = 0; round < 8; ++round) {
     const uint64_t seed = 700 + static_cast<uint64_t>(round);
@@ -210,12 +216,7 @@ TEST_P(ReleaseRaceTest, ReadsAfterReleaseReturnedAreNotFound) {
 // ends in NotFound.
 TEST_P(ReleaseRaceTest, ReleaseAmidReadersAndWritersInOtherProcesses) {
   constexpr uint64_t kSize = 2 << 20;
-  auto peer = start_peer({{4096, 1}}, peer_env());
-  ASSERT_NE(peer, nullptr);
-  auto probe = make_manager([&](Config& c) { c.backends = {backend()}; });
-  ASSERT_NE(probe, nullptr);
-  std::string why;
-  if (!routes_over(*probe, *peer, backend(), &why)) GTEST_SKIP() << why;
+  auto& peer = peer_;
 
   for (int round = 0; round < 3; ++round) {
     int index = peer->register_buffer(kSize, 900 + static_cast<uint64_t>(round));
@@ -263,17 +264,29 @@ INSTANTIATE_TEST_SUITE_P(Backends, ReleaseRaceTest,
                                            std::string("memory_private_host"), std::string("tcp")),
                          param_name);
 
+// Two managers in this process, an owner and a reader, over memory only.
+class MemoryMappingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    owner_ = make_manager([](Config& c) { c.backends = {"memory"}; });
+    reader_ = make_manager([](Config& c) { c.backends = {"memory"}; });
+    ASSERT_NE(owner_, nullptr);
+    ASSERT_NE(reader_, nullptr);
+    if (backend_detail(*reader_, "memory", "owner files mapped").starts_with("<")) {
+      GTEST_SKIP() << "the memory backend is not viable here";
+    }
+  }
+
+  std::unique_ptr<Manager> owner_;
+  std::unique_ptr<Manager> reader_;
+};
+
 // A reader maps a buffer in a shared file once; the same pages released and
 // registered again (an endpoint's receive buffers, a pool) take the mapping
 // back; private memory is never mapped.
-TEST(MemoryMappingTest, MemoryRegisteredAgainReusesTheReadersMapping) {
-  auto owner = make_manager([](Config& c) { c.backends = {"memory"}; });
-  auto reader = make_manager([](Config& c) { c.backends = {"memory"}; });
-  ASSERT_NE(owner, nullptr);
-  ASSERT_NE(reader, nullptr);
-  if (backend_detail(*reader, "memory", "owner files mapped").starts_with("<")) {
-    GTEST_SKIP() << "the memory backend is not viable here";
-  }
+TEST_F(MemoryMappingTest, MemoryRegisteredAgainReusesTheReadersMapping) {
+  auto& owner = owner_;
+  auto& reader = reader_;
   auto counts = [&] {
     return backend_detail(*reader, "memory", "owner files mapped") + " mapped, " +
            backend_detail(*reader, "memory", "owner file mappings reused") + " reused";
@@ -300,15 +313,10 @@ TEST(MemoryMappingTest, MemoryRegisteredAgainReusesTheReadersMapping) {
 
 // A buffer in a file the reader cannot map (sealed against writes through
 // new mappings) is copied through the kernel: reads and writes work.
-TEST(MemoryMappingTest, AFileTheReaderCannotMapIsCopiedThroughTheKernel) {
+TEST_F(MemoryMappingTest, AFileTheReaderCannotMapIsCopiedThroughTheKernel) {
   constexpr size_t kSize = 256 << 10;
-  auto owner = make_manager([](Config& c) { c.backends = {"memory"}; });
-  auto reader = make_manager([](Config& c) { c.backends = {"memory"}; });
-  ASSERT_NE(owner, nullptr);
-  ASSERT_NE(reader, nullptr);
-  if (backend_detail(*reader, "memory", "owner files mapped").starts_with("<")) {
-    GTEST_SKIP() << "the memory backend is not viable here";
-  }
+  auto& owner = owner_;
+  auto& reader = reader_;
   const int fd = ::memfd_create("unmappable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::ftruncate(fd, kSize), 0);
