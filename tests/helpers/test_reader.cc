@@ -2,10 +2,12 @@
 // its own, for tests that need a peer with other credentials than the
 // test's, or one they can stop, trace or kill at will.
 //
-//   RDMABUF_TEST_UID=N rdmabuf_test_reader [--write BYTE] [--wait] [--loop] HANDLE_TEXT LENGTH
+//   RDMABUF_TEST_UID=N rdmabuf_test_reader [--write BYTE] [--wait] [--loop] [--offset N]
+//                                          HANDLE_TEXT LENGTH
 //
 // With RDMABUF_TEST_UID set (the test runs as root), it first drops to that
-// uid and gid. It reads the first LENGTH bytes of the handle with a Manager
+// uid and gid. It reads LENGTH bytes of the handle, from --offset (default
+// 0), with a Manager
 // configured from the RDMABUF_* environment; with --write BYTE (hex) it
 // writes LENGTH bytes of BYTE there instead. --wait: prints "ready" once its
 // manager runs, and starts only when a line comes on stdin. --loop: repeats
@@ -29,6 +31,7 @@
 int main(int argc, char** argv) {
   bool write = false, wait = false, loop = false;
   int fill = 0;
+  uint64_t offset = 0;
   int arg = 1;
   for (; arg < argc && std::strncmp(argv[arg], "--", 2) == 0; ++arg) {
     if (std::strcmp(argv[arg], "--write") == 0 && arg + 1 < argc) {
@@ -38,14 +41,16 @@ int main(int argc, char** argv) {
       wait = true;
     } else if (std::strcmp(argv[arg], "--loop") == 0) {
       loop = true;
+    } else if (std::strcmp(argv[arg], "--offset") == 0 && arg + 1 < argc) {
+      offset = std::strtoull(argv[++arg], nullptr, 10);
     } else {
       break;
     }
   }
   if (argc - arg != 2) {
     std::fprintf(stderr,
-                 "usage: rdmabuf_test_reader [--write BYTE] [--wait] [--loop] HANDLE_TEXT "
-                 "LENGTH\n");
+                 "usage: rdmabuf_test_reader [--write BYTE] [--wait] [--loop] [--offset N] "
+                 "HANDLE_TEXT LENGTH\n");
     return 2;
   }
   if (const char* uid = std::getenv("RDMABUF_TEST_UID")) {
@@ -61,7 +66,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   auto length = std::strtoull(argv[arg + 1], nullptr, 10);
-  auto view = handle->slice(0, length);
+  auto view = handle->slice(offset, length);
   auto manager = rdmabuf::Manager::create();
   auto local = rdmabuf::LocalMemory::allocate(length);
   if (!view.ok() || !manager.ok() || !local.ok()) {
