@@ -1,7 +1,8 @@
 // rdmabuf soak: the coordinator (see tools/soak.h). Starts one owner process
-// and --clients client processes, lets them run --seconds, samples the
-// owner's resources after warm-up and at the end, and fails on any op error,
-// any byte read back wrong, a hang, or resources that grew.
+// and --clients client processes of --managers peers each, lets them run
+// --seconds, samples the owner's resources throughout, and fails on any op
+// error, any byte read back wrong, a hang, or resources that grew after
+// warm-up.
 #include "tools/soak.h"
 
 #include <dirent.h>
@@ -141,11 +142,16 @@ constexpr auto kFinishGrace = std::chrono::seconds(150);
 // After the clients have gone, the owner must close their connections
 // within this long.
 constexpr auto kDisconnectGrace = std::chrono::seconds(10);
+// Peers of the owner (client processes x managers each) a run may have.
+constexpr int kMaxPeers = 4096;
+// The summary has a line per client up to this many clients.
+constexpr size_t kClientLinesUpTo = 16;
 
 struct Options {
   int seconds = 60;
   std::optional<std::string> backend;
   int clients = 4;
+  int managers = 1;  // per client process
   int inflight = 64;
   uint64_t max_size = 4 << 20;
   int buffers = 4;
@@ -154,24 +160,29 @@ struct Options {
 };
 
 constexpr const char* kHelp = R"(usage: rdmabuf soak [--seconds N] [--backend NAME] [--clients N]
-                    [--inflight N] [--max-size BYTES] [--buffers N]
-                    [--seed N] [--json]
+                    [--managers N] [--inflight N] [--max-size BYTES]
+                    [--buffers N] [--seed N] [--json]
 
 A long, verified load against one owner process holding --buffers buffers,
-from --clients client processes. Each client keeps --inflight reads and
-writes in flight on its own region of every buffer, reads back every write
-and compares every byte. Without --backend, client i uses the (i mod n)-th
-of the n viable backends, all at once. Meanwhile the owner registers and
-releases a small buffer every 2 ms. Prints progress on stderr, then a
-summary: ops, bytes, errors, and the owner's RSS, fds and threads after
-warm-up and at the end.
+from --clients client processes, each running --managers managers: every
+manager is a peer of the owner of its own (its own connections), so the
+owner serves clients x managers peers. Each peer keeps --inflight reads
+and writes in flight on its own region of every buffer, reads back every
+write and compares every byte. Without --backend, client i uses the
+(i mod n)-th of the n viable backends, all at once. Meanwhile the owner
+registers and releases a small buffer every 2 ms. Prints progress on
+stderr, then a summary: ops and bytes (aggregate rates, and the slowest
+peer's share of the bytes), errors, and the owner's RSS, fds and threads
+after warm-up, at the end and at their peak.
 
 options:
   --seconds N       length of the run, 1..604800 (default 60)
   --backend NAME    run every client over this backend (default: every
                     viable one)
-  --clients N       client processes, 1..64 (default 4)
-  --inflight N      ops in flight per client, 1..4096 (default 64)
+  --clients N       client processes, 1..1024 (default 4)
+  --managers N      managers (peers of the owner) per client, 1..1024
+                    (default 1); at most 4096 peers in all
+  --inflight N      ops in flight per peer, 1..4096 (default 64)
   --max-size BYTES  the largest op, 8..1G; ops range from 8 B up to it
                     (default 4M)
   --buffers N       buffers the owner registers, 1..64 (default 4)
@@ -193,16 +204,21 @@ command line or RDMABUF_* variable.
 
 Result<Options> parse_options(int argc, char** argv) {
   RDMABUF_ASSIGN_OR_RETURN(Args args, parse_args(argc, argv, 2,
-                                                 {"seconds", "backend", "clients", "inflight",
-                                                  "max-size", "buffers", "seed"},
+                                                 {"seconds", "backend", "clients", "managers",
+                                                  "inflight", "max-size", "buffers", "seed"},
                                                  {"json"}));
   if (!args.positional.empty()) return InvalidArgument("soak takes no positional arguments");
   Options o;
   RDMABUF_ASSIGN_OR_RETURN(int64_t seconds, args.integer("seconds", 60, 1, 7 * 24 * 3600));
   o.seconds = static_cast<int>(seconds);
   o.backend = args.get("backend");
-  RDMABUF_ASSIGN_OR_RETURN(int64_t clients, args.integer("clients", 4, 1, 64));
+  RDMABUF_ASSIGN_OR_RETURN(int64_t clients, args.integer("clients", 4, 1, 1024));
   o.clients = static_cast<int>(clients);
+  RDMABUF_ASSIGN_OR_RETURN(int64_t managers, args.integer("managers", 1, 1, 1024));
+  o.managers = static_cast<int>(managers);
+  if (o.clients * o.managers > kMaxPeers) {
+    return InvalidArgument("--clients x --managers must be at most " + std::to_string(kMaxPeers));
+  }
   RDMABUF_ASSIGN_OR_RETURN(int64_t inflight, args.integer("inflight", 64, 1, 4096));
   o.inflight = static_cast<int>(inflight);
   RDMABUF_ASSIGN_OR_RETURN(o.max_size, args.size("max-size", 4 << 20));
@@ -314,10 +330,17 @@ std::string clock_text(double seconds) {
   return buf;
 }
 
+// What may come and go while a process is steady, not a leak: descriptors
+// and threads opened on demand, or held for a moment.
+struct Allowance {
+  uint64_t fds = 0;
+  uint64_t threads = 0;
+};
+
 // RSS may grow by kRssGrowthFraction + kRssGrowthSlackKib; fds and threads
-// not at all. Appends what grew to `failures`.
+// by `allowed`. Appends what grew to `failures`.
 void check_growth(const std::string& who, const Usage& start, const Usage& end,
-                  std::vector<std::string>* failures) {
+                  std::vector<std::string>* failures, Allowance allowed = {}) {
   const uint64_t limit =
       start.rss_kib +
       static_cast<uint64_t>(static_cast<double>(start.rss_kib) * kRssGrowthFraction) +
@@ -326,13 +349,16 @@ void check_growth(const std::string& who, const Usage& start, const Usage& end,
     failures->push_back(who + " RSS grew from " + mib(start.rss_kib) + " to " + mib(end.rss_kib) +
                         " (limit " + mib(limit) + ")");
   }
-  if (end.fds > start.fds) {
+  auto beyond = [](uint64_t allowance) {
+    return allowance ? " (more than the " + std::to_string(allowance) + " allowed)" : "";
+  };
+  if (end.fds > start.fds + allowed.fds) {
     failures->push_back(who + " open fds grew from " + std::to_string(start.fds) + " to " +
-                        std::to_string(end.fds));
+                        std::to_string(end.fds) + beyond(allowed.fds));
   }
-  if (end.threads > start.threads) {
+  if (end.threads > start.threads + allowed.threads) {
     failures->push_back(who + " threads grew from " + std::to_string(start.threads) + " to " +
-                        std::to_string(end.threads));
+                        std::to_string(end.threads) + beyond(allowed.threads));
   }
 }
 
@@ -409,13 +435,14 @@ int cmd_soak(int argc, char** argv) {
   if (!chosen.ok()) return fail(chosen.status());
   const std::vector<std::string> backends = *chosen;
 
-  // The owner: every buffer holds one region per client.
+  // The owner: every buffer holds one region per peer.
   const soak::Layout layout = soak::plan_layout(o.inflight, o.buffers, o.max_size);
+  const int peers = o.clients * o.managers;
   std::vector<std::string> sizes;
   uint64_t owner_bytes = 0;
   for (uint64_t region : layout.region_bytes) {
-    sizes.push_back(std::to_string(region * static_cast<uint64_t>(o.clients)));
-    owner_bytes += region * static_cast<uint64_t>(o.clients);
+    sizes.push_back(std::to_string(region * static_cast<uint64_t>(peers)));
+    owner_bytes += region * static_cast<uint64_t>(peers);
   }
   auto owner_child = Child::spawn({"/proc/self/exe", "soak", "--role", "owner", "--buffer-sizes",
                                    join(sizes), "--backends", join(backends)},
@@ -442,12 +469,17 @@ int cmd_soak(int argc, char** argv) {
   std::vector<std::string> client_backend;
   for (int i = 0; i < o.clients; ++i) {
     const std::string& backend = backends[static_cast<size_t>(i) % backends.size()];
-    auto child =
-        Child::spawn({"/proc/self/exe", "soak", "--role", "client", "--index", std::to_string(i),
-                      "--backend", backend, "--handles", join(handles), "--inflight",
-                      std::to_string(o.inflight), "--max-size", std::to_string(o.max_size),
-                      "--seconds", std::to_string(o.seconds), "--seed", std::to_string(o.seed)},
-                     child_options());
+    auto child = Child::spawn({"/proc/self/exe", "soak",
+                               "--role",         "client",
+                               "--index",        std::to_string(i),
+                               "--managers",     std::to_string(o.managers),
+                               "--backend",      backend,
+                               "--handles",      join(handles),
+                               "--inflight",     std::to_string(o.inflight),
+                               "--max-size",     std::to_string(o.max_size),
+                               "--seconds",      std::to_string(o.seconds),
+                               "--seed",         std::to_string(o.seed)},
+                              child_options());
     if (!child.ok()) return fail(child.status().with_context("starting a client"));
     clients.push_back(
         std::make_unique<Reporter>("client " + std::to_string(i), std::move(child).value()));
@@ -456,12 +488,13 @@ int cmd_soak(int argc, char** argv) {
   }
   const auto started = Clock::now();
   std::fprintf(stderr,
-               "rdmabuf soak: %d s, %d client(s) over %s (client i uses backend i mod %zu), "
-               "%d ops in flight each, ops of %s .. %s, owner pid %d with %d buffers (%s), "
-               "seed %" PRIu64 "\n",
-               o.seconds, o.clients, join(backends, ", ").c_str(), backends.size(), o.inflight,
-               format_bytes(soak::kMinOpBytes).c_str(), format_bytes(o.max_size).c_str(),
-               static_cast<int>(owner.pid()), o.buffers, format_bytes(owner_bytes).c_str(), o.seed);
+               "rdmabuf soak: %d s, %d client(s) of %d peer(s) each over %s (client i uses "
+               "backend i mod %zu), %d ops in flight per peer, ops of %s .. %s, owner pid %d with "
+               "%d buffers (%s), seed %" PRIu64 "\n",
+               o.seconds, o.clients, o.managers, join(backends, ", ").c_str(), backends.size(),
+               o.inflight, format_bytes(soak::kMinOpBytes).c_str(),
+               format_bytes(o.max_size).c_str(), static_cast<int>(owner.pid()), o.buffers,
+               format_bytes(owner_bytes).c_str(), o.seed);
   if (static_cast<size_t>(o.clients) < backends.size()) {
     std::fprintf(stderr, "rdmabuf soak: fewer clients than backends: only %zu of them are used\n",
                  static_cast<size_t>(o.clients));
@@ -475,7 +508,7 @@ int cmd_soak(int argc, char** argv) {
   std::optional<Usage> owner_start;
   std::optional<Usage> owner_end;
   double warm_at_s = 0;
-  uint64_t owner_rss_peak = 0;
+  Usage owner_peak;  // each field's largest sample
   std::vector<std::string> failures;
   auto next_progress = started + progress_every;
   const auto give_up = started + std::chrono::seconds(o.seconds) + kFinishGrace;
@@ -489,7 +522,9 @@ int cmd_soak(int argc, char** argv) {
       all_done &= c->done().has_value() || c->ended();
     }
     const Usage owner_now = usage_of(owner.pid());
-    owner_rss_peak = std::max(owner_rss_peak, owner_now.rss_kib);
+    owner_peak.rss_kib = std::max(owner_peak.rss_kib, owner_now.rss_kib);
+    owner_peak.fds = std::max(owner_peak.fds, owner_now.fds);
+    owner_peak.threads = std::max(owner_peak.threads, owner_now.threads);
     if (!owner_start && all_warm && now - started >= warmup && !all_done) {
       owner_start = owner_now;
       warm_at_s = elapsed;
@@ -531,8 +566,17 @@ int cmd_soak(int argc, char** argv) {
   }
   const double run_s = std::chrono::duration<double>(Clock::now() - started).count();
 
+  // A tcp peer opens its streams (a connection and a thread each) as its
+  // load needs them, so a client with few ops in flight may open some only
+  // after its warm-up: that much growth is no leak.
+  const auto config = Config::from_env();  // parsed once already, by choose_backends
+  const uint64_t lazy_tcp_streams =
+      static_cast<uint64_t>(o.managers) *
+      static_cast<uint64_t>(config.ok() ? config->tcp_streams : Config{}.tcp_streams);
+
   // The clients leave; the owner must close their connections.
   uint64_t ops = 0, reads = 0, writes = 0, bytes = 0, errors = 0, mismatches = 0;
+  uint64_t peer_bytes_min = UINT64_MAX;
   std::vector<std::string> per_backend;
   for (size_t i = 0; i < clients.size(); ++i) {
     Reporter& c = *clients[i];
@@ -547,7 +591,9 @@ int cmd_soak(int argc, char** argv) {
     if (!warm) {
       failures.push_back(c.name() + " never verified every one of its slots (too short a run?)");
     } else {
-      check_growth(c.name(), usage_from(*warm), usage_from(*done), &failures);
+      check_growth(
+          c.name(), usage_from(*warm), usage_from(*done), &failures,
+          client_backend[i] == "tcp" ? Allowance{lazy_tcp_streams, lazy_tcp_streams} : Allowance{});
     }
     if (code != kExitOk && field_u64(*done, "errors") + field_u64(*done, "mismatches") == 0) {
       failures.push_back(c.name() + " exited with status " + std::to_string(code));
@@ -558,6 +604,7 @@ int cmd_soak(int argc, char** argv) {
     bytes += field_u64(*done, "bytes");
     errors += field_u64(*done, "errors");
     mismatches += field_u64(*done, "mismatches");
+    peer_bytes_min = std::min(peer_bytes_min, field_u64(*done, "peer_bytes_min"));
     const Usage client_start = warm ? usage_from(*warm) : Usage{};
     const Usage client_end = usage_from(*done);
     per_backend.push_back(
@@ -582,7 +629,11 @@ int cmd_soak(int argc, char** argv) {
   if (!owner_start && owner_end) {
     failures.push_back("no sample after warm-up: the clients never all warmed up");
   }
-  if (owner_start && owner_end) check_growth("owner", *owner_start, *owner_end, &failures);
+  // The owner's churned buffer holds a descriptor (its memory's file)
+  // while it is registered, which a sample may catch.
+  if (owner_start && owner_end) {
+    check_growth("owner", *owner_start, *owner_end, &failures, Allowance{.fds = 1});
+  }
   const int owner_code = owner.stop();
   const std::optional<Fields> owner_report = owner.last();
   if (owner_code != kExitOk) {
@@ -593,48 +644,65 @@ int cmd_soak(int argc, char** argv) {
   const bool ok = failures.empty();
   const Usage start = owner_start.value_or(Usage{});
   const Usage end = owner_end.value_or(Usage{});
+  // The slowest peer's bytes over the mean peer's: 1 when all moved alike.
+  const double slowest_share =
+      bytes == 0 || peer_bytes_min == UINT64_MAX
+          ? 0
+          : static_cast<double>(peer_bytes_min) * peers / static_cast<double>(bytes);
   if (o.json) {
     std::string failure_list;
     for (const std::string& f : failures)
       failure_list += (failure_list.empty() ? "\"" : ",\"") + json_escape(f) + "\"";
     std::printf(
         "{\"command\":\"soak\",\"ok\":%s,\"seconds\":%.1f,\"minutes\":%.2f,\"backends\":\"%s\","
-        "\"clients\":%d,\"inflight\":%d,\"max_op\":%" PRIu64 ",\"seed\":%" PRIu64
-        ",\"ops\":%" PRIu64 ",\"reads\":%" PRIu64 ",\"writes\":%" PRIu64 ",\"bytes\":%" PRIu64
+        "\"clients\":%d,\"managers\":%d,\"peers\":%d,\"inflight\":%d,\"max_op\":%" PRIu64
+        ",\"seed\":%" PRIu64 ",\"ops\":%" PRIu64 ",\"reads\":%" PRIu64 ",\"writes\":%" PRIu64
+        ",\"bytes\":%" PRIu64
+        ",\"ops_per_s\":%.0f,\"gbps\":%.3f,\"slowest_peer_share\":%.3f"
         ",\"errors\":%" PRIu64 ",\"mismatches\":%" PRIu64 ",\"owner_rss_start_kib\":%" PRIu64
         ",\"owner_rss_end_kib\":%" PRIu64 ",\"owner_rss_peak_kib\":%" PRIu64
-        ",\"owner_fds_start\":%" PRIu64 ",\"owner_fds_end\":%" PRIu64
+        ",\"owner_fds_start\":%" PRIu64 ",\"owner_fds_end\":%" PRIu64 ",\"owner_fds_peak\":%" PRIu64
         ",\"owner_threads_start\":%" PRIu64 ",\"owner_threads_end\":%" PRIu64
-        ",\"owner_fds_before_clients\":%" PRIu64 ",\"owner_fds_after_clients\":%" PRIu64
-        ",\"owner_churned\":%" PRIu64 ",\"failures\":[%s]}\n",
-        ok ? "true" : "false", run_s, run_s / 60, join(backends).c_str(), o.clients, o.inflight,
-        o.max_size, o.seed, ops, reads, writes, bytes, errors, mismatches, start.rss_kib,
-        end.rss_kib, owner_rss_peak, start.fds, end.fds, start.threads, end.threads,
-        before_clients.fds, after_clients.fds, churned, failure_list.c_str());
+        ",\"owner_threads_peak\":%" PRIu64 ",\"owner_fds_before_clients\":%" PRIu64
+        ",\"owner_fds_after_clients\":%" PRIu64 ",\"owner_churned\":%" PRIu64
+        ",\"failures\":[%s]}\n",
+        ok ? "true" : "false", run_s, run_s / 60, join(backends).c_str(), o.clients, o.managers,
+        peers, o.inflight, o.max_size, o.seed, ops, reads, writes, bytes,
+        static_cast<double>(ops) / run_s, static_cast<double>(bytes) / run_s / 1e9, slowest_share,
+        errors, mismatches, start.rss_kib, end.rss_kib, owner_peak.rss_kib, start.fds, end.fds,
+        owner_peak.fds, start.threads, end.threads, owner_peak.threads, before_clients.fds,
+        after_clients.fds, churned, failure_list.c_str());
   }
   FILE* out = o.json ? stderr : stdout;
-  std::fprintf(out, "\nrdmabuf soak: %.2f minutes over %s, %d clients, %d ops in flight each\n",
-               run_s / 60, join(backends, ", ").c_str(), o.clients, o.inflight);
+  std::fprintf(out,
+               "\nrdmabuf soak: %.2f minutes over %s, %d peers (%d clients x %d managers), %d ops "
+               "in flight each\n",
+               run_s / 60, join(backends, ", ").c_str(), peers, o.clients, o.managers, o.inflight);
   std::fprintf(out, "  ops       %" PRIu64 " (%" PRIu64 " reads, %" PRIu64 " writes), %.1fk/s\n",
                ops, reads, writes, static_cast<double>(ops) / run_s / 1e3);
-  std::fprintf(out, "  moved     %s, %.2f GB/s\n", format_bytes(bytes).c_str(),
-               static_cast<double>(bytes) / run_s / 1e9);
-  for (const std::string& line : per_backend)
-    std::fprintf(out, "            %s\n", line.c_str());
+  std::fprintf(out, "  moved     %s, %.2f GB/s; the slowest peer moved %.2fx the mean\n",
+               format_bytes(bytes).c_str(), static_cast<double>(bytes) / run_s / 1e9,
+               slowest_share);
+  // One line per client while they fit on a screen.
+  if (per_backend.size() <= kClientLinesUpTo) {
+    for (const std::string& line : per_backend)
+      std::fprintf(out, "            %s\n", line.c_str());
+  }
   std::fprintf(out, "  errors    %" PRIu64 " failed ops, %" PRIu64 " reads with wrong bytes\n",
                errors, mismatches);
   std::fprintf(out,
                "  owner     RSS %s after %.0f s of warm-up, %s at the end (peak %s; limit +%.0f%% "
                "+ %s%s)\n",
                mib(start.rss_kib).c_str(), warm_at_s, mib(end.rss_kib).c_str(),
-               mib(owner_rss_peak).c_str(), kRssGrowthFraction * 100,
+               mib(owner_peak.rss_kib).c_str(), kRssGrowthFraction * 100,
                mib(kRssGrowthSlackKib).c_str(),
                kRssTellsLeaks ? "" : ", not checked under AddressSanitizer");
   std::fprintf(out,
-               "            fds %" PRIu64 " -> %" PRIu64 ", threads %" PRIu64 " -> %" PRIu64
-               "; fds %" PRIu64 " before the clients came, %" PRIu64 " after they left\n",
-               start.fds, end.fds, start.threads, end.threads, before_clients.fds,
-               after_clients.fds);
+               "            fds %" PRIu64 " -> %" PRIu64 " (peak %" PRIu64 "), threads %" PRIu64
+               " -> %" PRIu64 " (peak %" PRIu64 "); fds %" PRIu64
+               " before the clients came, %" PRIu64 " after they left\n",
+               start.fds, end.fds, owner_peak.fds, start.threads, end.threads, owner_peak.threads,
+               before_clients.fds, after_clients.fds);
   std::fprintf(out, "            %" PRIu64 " buffers registered and released meanwhile\n", churned);
   for (const std::string& f : failures)
     std::fprintf(out, "  FAILED: %s\n", f.c_str());

@@ -106,7 +106,7 @@ class Churn {
   // One buffer allocated, registered and released; false when it cannot
   // be allocated. Its memory (and the descriptor of its file) is gone
   // before the pause between rounds, so that the owner's descriptors, as
-  // the soak samples them, are its steady ones but for a moment.
+  // the soak samples them, are its steady ones or one more.
   bool churn_once() {
     const size_t size = size_t{4096} << (rounds_.load() % 5);  // 4 KiB .. 64 KiB
     auto memory = LocalMemory::allocate(size);
@@ -186,9 +186,10 @@ struct Counters {
   }
 };
 
-// One range of the client's region and the ops on it, one at a time.
+// One range of a peer's region and the ops on it, one at a time.
 struct Slot {
-  int index = 0;
+  int index = 0;  // in the client's slots
+  int peer = 0;   // which of the client's managers runs its ops
   SlotPlan plan;
   RemoteBuffer range;    // the handle sliced to the slot
   LocalMemory expected;  // what the remote range holds; the source of writes
@@ -227,31 +228,45 @@ class CompletionQueue {
   std::vector<uint64_t> done_;
 };
 
+// One client process: its managers are peers of the owner of their own
+// (connections, queue pairs, same-host channels), peer p of client c being
+// peer c * managers + p of the run, with a region of its own in every
+// buffer. One thread submits and checks the ops of them all.
 class Client {
  public:
-  Client(Manager& manager, int index, std::string backend, uint64_t seed)
-      : manager_(manager),
+  Client(std::vector<std::unique_ptr<Manager>> managers, int index, std::string backend,
+         uint64_t seed)
+      : managers_(std::move(managers)),
         index_(index),
         backend_(std::move(backend)),
         seed_(seed),
-        rng_(mix(seed ^ mix(static_cast<uint64_t>(index)))) {}  // each client its own choices
+        rng_(mix(seed ^ mix(static_cast<uint64_t>(index)))),  // each client its own choices
+        peer_bytes_(managers_.size(), 0) {}
 
-  // Lays out the slots over `buffers` (handles to the owner's buffers).
+  // Lays out every peer's slots over `buffers` (handles to the owner's
+  // buffers).
   Status prepare(const std::vector<RemoteBuffer>& buffers, const Layout& layout) {
-    for (size_t k = 0; k < layout.slots.size(); ++k) {
-      const SlotPlan& plan = layout.slots[k];
-      const RemoteBuffer& buffer = buffers.at(static_cast<size_t>(plan.buffer));
-      const uint64_t region =
-          static_cast<uint64_t>(index_) * layout.region_bytes[static_cast<size_t>(plan.buffer)];
-      Slot slot;
-      slot.index = static_cast<int>(k);
-      slot.plan = plan;
-      RDMABUF_ASSIGN_OR_RETURN(slot.range, buffer.slice(region + plan.offset, plan.capacity));
-      RDMABUF_ASSIGN_OR_RETURN(slot.expected, LocalMemory::allocate(plan.capacity));
-      RDMABUF_ASSIGN_OR_RETURN(slot.landing, LocalMemory::allocate(plan.capacity));
-      slots_.push_back(std::move(slot));
+    for (size_t p = 0; p < managers_.size(); ++p) {
+      const uint64_t run_peer = static_cast<uint64_t>(index_) * managers_.size() + p;
+      for (const SlotPlan& plan : layout.slots) {
+        const RemoteBuffer& buffer = buffers.at(static_cast<size_t>(plan.buffer));
+        const uint64_t region = run_peer * layout.region_bytes[static_cast<size_t>(plan.buffer)];
+        Slot slot;
+        slot.index = static_cast<int>(slots_.size());
+        slot.peer = static_cast<int>(p);
+        slot.plan = plan;
+        RDMABUF_ASSIGN_OR_RETURN(slot.range, buffer.slice(region + plan.offset, plan.capacity));
+        RDMABUF_ASSIGN_OR_RETURN(slot.expected, LocalMemory::allocate(plan.capacity));
+        RDMABUF_ASSIGN_OR_RETURN(slot.landing, LocalMemory::allocate(plan.capacity));
+        slots_.push_back(std::move(slot));
+      }
     }
     return Status::Ok();
+  }
+
+  void shutdown() {
+    for (auto& manager : managers_)
+      manager->shutdown();
   }
 
   // Runs ops until `seconds` have passed, and at least kLoadAfterWarm past
@@ -293,7 +308,9 @@ class Client {
         std::_Exit(kExitFailed);
       }
     }
-    emit("done" + counters_.fields() + usage_fields(usage_of(getpid())));
+    emit("done" + counters_.fields() + " peer_bytes_min=" +
+         std::to_string(*std::min_element(peer_bytes_.begin(), peer_bytes_.end())) +
+         usage_fields(usage_of(getpid())));
     return counters_.errors + counters_.mismatches == 0 ? kExitOk : kExitFailed;
   }
 
@@ -344,12 +361,19 @@ class Client {
                     s.landing.slice(s.offset, s.length).value());
   }
 
+  // Every slot with no op in flight gets one; a batch holds ops of one peer.
   void submit_ready() {
-    std::vector<Slot*> ready;
+    std::vector<std::vector<Slot*>> ready(managers_.size());
     for (Slot& s : slots_) {
-      if (!s.in_flight) ready.push_back(&s);
+      if (!s.in_flight) ready[static_cast<size_t>(s.peer)].push_back(&s);
     }
-    std::shuffle(ready.begin(), ready.end(), rng_);
+    for (size_t p = 0; p < ready.size(); ++p) {
+      std::shuffle(ready[p].begin(), ready[p].end(), rng_);
+      submit_batches(*managers_[p], ready[p]);
+    }
+  }
+
+  void submit_batches(Manager& manager, const std::vector<Slot*>& ready) {
     size_t at = 0;
     while (at < ready.size()) {
       const size_t count = std::min<size_t>(uniform(1, kMaxBatch), ready.size() - at);
@@ -362,7 +386,7 @@ class Client {
       }
       at += count;
       const uint64_t id = next_batch_++;
-      batch.transfer = manager_.submit(std::move(ops), kOpTimeout, [this, id] { queue_.push(id); });
+      batch.transfer = manager.submit(std::move(ops), kOpTimeout, [this, id] { queue_.push(id); });
       batches_.emplace(id, std::move(batch));
     }
   }
@@ -375,8 +399,9 @@ class Client {
 
   std::string describe(const Slot& s) const {
     return std::string(op_kind_name(s.kind)) + " of " + std::to_string(s.length) + " B at +" +
-           std::to_string(s.offset) + " of slot " + std::to_string(s.index) + " (buffer " +
-           std::to_string(s.plan.buffer) + ", " + std::to_string(s.plan.capacity) + " B)";
+           std::to_string(s.offset) + " of slot " + std::to_string(s.index) + " (peer " +
+           std::to_string(s.peer) + " of the client, buffer " + std::to_string(s.plan.buffer) +
+           ", " + std::to_string(s.plan.capacity) + " B)";
   }
 
   void complete(uint64_t id) {
@@ -402,6 +427,7 @@ class Client {
       }
       counters_.ops++;
       counters_.bytes += s.length;
+      peer_bytes_[static_cast<size_t>(s.peer)] += s.length;
       if (s.kind == OpKind::kWriteFromLocal) {
         counters_.writes++;
         s.known = true;
@@ -437,7 +463,7 @@ class Client {
     s.known = false;
   }
 
-  Manager& manager_;
+  std::vector<std::unique_ptr<Manager>> managers_;
   const int index_;
   const std::string backend_;
   const uint64_t seed_;
@@ -447,6 +473,7 @@ class Client {
   std::unordered_map<uint64_t, Batch> batches_;
   uint64_t next_batch_ = 0;
   Counters counters_;
+  std::vector<uint64_t> peer_bytes_;  // per peer: bytes its ops moved
   int error_lines_ = 0;
 };
 
@@ -491,17 +518,19 @@ int run_owner(int argc, char** argv) {
 }
 
 int run_client(int argc, char** argv) {
-  auto args = parse_args(
-      argc, argv, 2,
-      {"role", "index", "backend", "handles", "inflight", "max-size", "seconds", "seed"}, {});
+  auto args = parse_args(argc, argv, 2,
+                         {"role", "index", "managers", "backend", "handles", "inflight", "max-size",
+                          "seconds", "seed"},
+                         {});
   if (!args.ok()) return fail(args.status());
   auto index = args->integer("index", 0, 0, 1 << 20);
+  auto managers = args->integer("managers", 1, 1, 1024);
   auto inflight = args->integer("inflight", 64, 1, 1 << 16);
   auto max_size = args->size("max-size", 4 << 20);
   auto seconds = args->integer("seconds", 60, 1, int64_t{1} << 31);
   auto seed = args->integer("seed", 0, 0, INT64_MAX);
-  for (const Status& st :
-       {index.status(), inflight.status(), max_size.status(), seconds.status(), seed.status()}) {
+  for (const Status& st : {index.status(), managers.status(), inflight.status(), max_size.status(),
+                           seconds.status(), seed.status()}) {
     if (!st.ok()) return fail(st);
   }
   const std::string backend = args->get("backend").value_or("");
@@ -519,9 +548,13 @@ int run_client(int argc, char** argv) {
   config->backends = {backend};
 
   sigset_t stop_signals = block_stop_signals();
-  auto created = Manager::create(*config);
-  if (!created.ok()) return fail(created.status());
-  Client client(**created, static_cast<int>(*index), backend, static_cast<uint64_t>(*seed));
+  std::vector<std::unique_ptr<Manager>> peers;
+  for (int64_t p = 0; p < *managers; ++p) {
+    auto created = Manager::create(*config);
+    if (!created.ok()) return fail(created.status());
+    peers.push_back(std::move(created).value());
+  }
+  Client client(std::move(peers), static_cast<int>(*index), backend, static_cast<uint64_t>(*seed));
   const Layout layout =
       plan_layout(static_cast<int>(*inflight), static_cast<int>(buffers.size()), *max_size);
   Status prepared = client.prepare(buffers, layout);
@@ -530,7 +563,7 @@ int run_client(int argc, char** argv) {
   // Stay connected, idle, until the coordinator has sampled the owner.
   int sig = 0;
   sigwait(&stop_signals, &sig);
-  (*created)->shutdown();
+  client.shutdown();
   return code;
 }
 
