@@ -27,7 +27,7 @@ specs=(
   "bench --op notify|bench_send.cc|op backend sizes iters rounds window peer json"
   "bench --gpu|bench_gpu.cc|gpu device size tcp-size iters peer json"
   "bench --compare|bench_compare.cc|compare out sizes vm-sizes rounds iters seconds no-install no-vm"
-  "soak|soak.cc|seconds backend clients inflight max-size buffers seed json role"
+  "soak|soak.cc|seconds backend clients managers inflight max-size buffers seed json role"
   "version|main.cc|"
 )
 # Files that parse options for no command a user runs: the definition of
