@@ -112,9 +112,14 @@ Result<Config> Config::from_env() {
     c.io_stall_timeout = std::chrono::milliseconds(*n);
   }
   if (const char* v = env("RDMABUF_MAX_CONNECTIONS")) {
-    auto n = parse_int(v, 1, 1'000'000);
-    if (!n) return bad_env("RDMABUF_MAX_CONNECTIONS", v, "an integer >= 1");
+    auto n = parse_int(v, 0, 1'000'000);
+    if (!n) return bad_env("RDMABUF_MAX_CONNECTIONS", v, "an integer >= 0 (0: automatic)");
     c.max_connections = static_cast<int>(*n);
+  }
+  if (const char* v = env("RDMABUF_IO_THREADS")) {
+    auto n = parse_int(v, 0, 1024);
+    if (!n) return bad_env("RDMABUF_IO_THREADS", v, "an integer in 0..1024 (0: automatic)");
+    c.io_threads = static_cast<int>(*n);
   }
   if (const char* v = env("RDMABUF_LEND_LIMIT")) {
     auto n = parse_size(v);
@@ -168,8 +173,11 @@ Status Config::validate() const {
   if (io_stall_timeout.count() <= 0) {
     return InvalidArgument("io_stall_timeout (RDMABUF_IO_STALL_TIMEOUT_MS) must be > 0");
   }
-  if (max_connections < 1) {
-    return InvalidArgument("max_connections (RDMABUF_MAX_CONNECTIONS) must be >= 1");
+  if (max_connections < 0) {
+    return InvalidArgument("max_connections (RDMABUF_MAX_CONNECTIONS) must be >= 0");
+  }
+  if (io_threads < 0 || io_threads > 1024) {
+    return InvalidArgument("io_threads (RDMABUF_IO_THREADS) must be in 0..1024");
   }
   if (max_lease.count() <= 0) {
     return InvalidArgument("max_lease (RDMABUF_MAX_LEASE_MS) must be > 0");
@@ -194,7 +202,9 @@ std::vector<std::pair<std::string, std::string>> Config::describe() const {
       {"busy_poll_us", std::to_string(busy_poll.count())},
       {"default_timeout_ms", std::to_string(default_timeout.count())},
       {"io_stall_timeout_ms", std::to_string(io_stall_timeout.count())},
-      {"max_connections", std::to_string(max_connections)},
+      {"max_connections",
+       max_connections == 0 ? "(by file descriptors)" : std::to_string(max_connections)},
+      {"io_threads", io_threads == 0 ? "(by cores)" : std::to_string(io_threads)},
       {"lend_limit", format_bytes(lend_limit)},
       {"lend_device",
        lend_device < 0 ? std::string("host") : "cuda:" + std::to_string(lend_device)},

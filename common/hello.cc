@@ -11,7 +11,7 @@ namespace rdmabuf {
 namespace {
 constexpr uint8_t kHelloMagic[4] = {'R', 'B', 'H', 'I'};
 constexpr uint8_t kReplyMagic[4] = {'R', 'B', 'O', 'K'};
-constexpr size_t kFixedBytes = 24;
+constexpr size_t kFixedBytes = 24;  // of a reply; a hello is kHelloBytes
 constexpr uint32_t kMaxMessage = 1024;
 }  // namespace
 
@@ -58,8 +58,12 @@ Result<uint64_t> exchange_hello(int fd, const Hello& hello, Deadline deadline, i
 }
 
 Result<Hello> read_hello(int fd, Deadline deadline, int stop_fd) {
-  uint8_t in[kFixedBytes];
+  uint8_t in[kHelloBytes];
   RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, deadline, stop_fd));
+  return parse_hello(in);
+}
+
+Result<Hello> parse_hello(const uint8_t (&in)[kHelloBytes]) {
   WireReader r(in);
   if (std::memcmp(r.view(4).data(), kHelloMagic, 4) != 0) {
     return ProtocolError("connection did not start with an rdmabuf hello");

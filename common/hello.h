@@ -39,9 +39,13 @@ struct Hello {
 // kProtocolError when the other end does not speak this protocol.
 Result<uint64_t> exchange_hello(int fd, const Hello& hello, Deadline deadline, int stop_fd = -1);
 
+constexpr size_t kHelloBytes = 24;
+
 // Listener side: reads and validates a hello. kProtocolError for bytes that
 // are not an rdmabuf hello or name an unknown version.
 Result<Hello> read_hello(int fd, Deadline deadline, int stop_fd = -1);
+// The same, for a hello already received.
+Result<Hello> parse_hello(const uint8_t (&bytes)[kHelloBytes]);
 // Listener side: answers a hello.
 Status send_hello_reply(int fd, uint64_t server_id, const Status& status, Deadline deadline,
                         int stop_fd = -1);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/futex.h"
+#include "common/io_pool.h"
 #include "common/op_text.h"
 #include "rdmabuf/backend.h"
 #include "rdmabuf/transfer.h"
@@ -278,6 +279,10 @@ std::string Transfer::op_note(size_t index) const {
 }
 
 // --- Backend defaults ---------------------------------------------------------
+
+std::unique_ptr<IoSession> Backend::open_session(int /*fd*/, uint64_t /*peer_manager_id*/) {
+  return nullptr;
+}
 
 void Backend::serve_connection(int fd, uint64_t /*peer_manager_id*/) {
   ::close(fd);

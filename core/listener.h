@@ -1,5 +1,8 @@
-// The manager's listener: accepts connections and runs each on a thread of
-// its own, up to a limit.
+// The manager's listener: accepts connections, reads each one's hello on
+// the manager's I/O threads, and serves it there (a session of the backend
+// that claims its channel) or, for a channel served by blocking code, on a
+// thread of its own. At its limit it closes the idle connection that has
+// waited longest to make room, and refuses a connection only when none is.
 #pragma once
 
 #include <atomic>
@@ -9,17 +12,28 @@
 #include <mutex>
 #include <thread>
 
+#include "common/hello.h"
+#include "common/io_pool.h"
 #include "common/socket.h"
 
 namespace rdmabuf {
 
 class Listener {
  public:
-  // `serve` runs on the connection's own thread and owns the fd; it must
-  // return promptly once stop_fd() turns readable.
-  using ServeFn = std::function<void(Fd)>;
+  // What serves a connection once its hello is read.
+  struct Route {
+    std::unique_ptr<IoSession> session;  // on the I/O threads (it owns the fd)
+    std::function<void(Fd)> on_thread;   // else this, on a thread of its own
+  };
+  // Called on an I/O thread with the hello, or why it is not one. Takes the
+  // fd (releases it) when it returns a session; returns neither when it has
+  // answered the connection with an error (it is then closed).
+  using RouteFn = std::function<Route(Fd& fd, const Result<Hello>& hello)>;
 
-  Listener(Fd listen_fd, Fd stop_fd, int max_connections, ServeFn serve);
+  // `max_connections` 0: set by the open file limit (which this raises to
+  // its hard limit). `pool` serves the connections.
+  Listener(Fd listen_fd, Fd stop_fd, int max_connections, std::unique_ptr<IoPool> pool,
+           RouteFn route);
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
@@ -27,26 +41,36 @@ class Listener {
   void start();
   // Stops accepting and signals stop_fd(). Connections keep running.
   void stop_accepting();
-  // Joins every connection thread (after whatever makes `serve` return).
+  // Ends every connection: stops the I/O threads (sessions must see their
+  // backend's stop first) and joins the connection threads (after whatever
+  // makes `on_thread` return).
   void join_connections();
 
   int stop_fd() const { return stop_fd_.get(); }
+  int max_connections() const { return max_connections_; }
 
  private:
-  struct Connection {
+  class HelloSession;
+  struct Thread {
     std::thread thread;
     std::atomic<bool> finished{false};
   };
   void accept_loop();
   void reap_finished();
+  // Connections served now: sessions on the I/O threads and threads.
+  size_t connections();
+  void spawn(Fd fd, std::function<void(Fd)> serve);
+  // At the limit: closes an idle connection, waiting a little for one.
+  bool make_room();
 
   Fd listen_fd_;
   Fd stop_fd_;
   const int max_connections_;
-  ServeFn serve_;
+  std::unique_ptr<IoPool> pool_;
+  RouteFn route_;
   std::thread acceptor_;
-  std::mutex mu_;
-  std::list<Connection> connections_;
+  std::mutex mu_;  // guards threads_ and accepting_
+  std::list<Thread> threads_;
   bool accepting_ = true;
 };
 

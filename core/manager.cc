@@ -92,7 +92,8 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   };
 
   explicit ManagerImpl(const Config& config) : config_(config) {}
-  void serve_inbound(Fd fd);
+  // What serves an inbound connection, given its hello (see Listener).
+  Listener::Route route_inbound(Fd& fd, const Result<Hello>& hello);
   // The best backend for `op` among slots [first_slot, end); `refused`
   // (with `refused_by`) is a refusal by a better one, found after the op
   // was handed to it.
@@ -191,37 +192,44 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::create(const Config& config) {
   }
 
   RDMABUF_ASSIGN_OR_RETURN(Fd stop_fd, make_eventfd());
+  RDMABUF_ASSIGN_OR_RETURN(auto pool,
+                           IoPool::create(io_threads_for(config.io_threads), config.busy_poll));
   ManagerImpl* raw = m.get();
-  m->listener_ =
-      std::make_unique<Listener>(std::move(listen_fd), std::move(stop_fd), config.max_connections,
-                                 [raw](Fd fd) { raw->serve_inbound(std::move(fd)); });
+  m->listener_ = std::make_unique<Listener>(
+      std::move(listen_fd), std::move(stop_fd), config.max_connections, std::move(pool),
+      [raw](Fd& fd, const Result<Hello>& hello) { return raw->route_inbound(fd, hello); });
   m->listener_->start();
   RDMABUF_LOG_INFO("manager " + m->identity_.to_string() + " started");
   return m;
 }
 
-void ManagerImpl::serve_inbound(Fd fd) {
-  Deadline deadline = Clock::now() + kHelloTimeout;
-  auto hello = read_hello(fd.get(), deadline, listener_->stop_fd());
+Listener::Route ManagerImpl::route_inbound(Fd& fd, const Result<Hello>& hello) {
+  const Deadline deadline = Clock::now() + kHelloTimeout;
+  const uint64_t self = identity_.manager_id;
   if (!hello.ok()) {
     RDMABUF_LOG_DEBUG("dropping an inbound connection: " + hello.status().message());
-    if (hello.status().code() == StatusCode::kProtocolError) {
-      send_hello_reply(fd.get(), identity_.manager_id, hello.status(), deadline).ignore();
-    }
-    return;
+    send_hello_reply(fd.get(), self, hello.status(), deadline).ignore();
+    return {};
   }
-  const uint64_t self = identity_.manager_id;
   if (hello->expected_id != 0 && hello->expected_id != self) {
     Status gone = NotFound("the buffer's owner (manager " + hex_id(hello->expected_id) +
                            ") is gone; " + identity_.to_string() + " listens there now");
     send_hello_reply(fd.get(), self, gone, deadline).ignore();
-    return;
+    return {};
   }
   for (Slot& slot : slots_) {
     if (slot.backend && slot.backend->claims_channel(static_cast<uint8_t>(hello->channel))) {
-      if (!send_hello_reply(fd.get(), self, Status::Ok(), deadline).ok()) return;
-      slot.backend->serve_connection(fd.release(), hello->caller_id);
-      return;
+      if (!send_hello_reply(fd.get(), self, Status::Ok(), deadline).ok()) return {};
+      Listener::Route route;
+      route.session = slot.backend->open_session(fd.get(), hello->caller_id);
+      if (route.session) {
+        (void)fd.release();  // the session's now
+      } else {
+        route.on_thread = [backend = slot.backend.get(), caller = hello->caller_id](Fd sock) {
+          backend->serve_connection(sock.release(), caller);
+        };
+      }
+      return route;
     }
   }
   send_hello_reply(fd.get(), self,
@@ -229,6 +237,7 @@ void ManagerImpl::serve_inbound(Fd fd) {
                                  " is not served by this manager"),
                    deadline)
       .ignore();
+  return {};
 }
 
 std::vector<BackendInfo> ManagerImpl::backends() const {

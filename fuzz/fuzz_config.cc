@@ -39,7 +39,8 @@ constexpr const char* kVariables[] = {"RDMABUF_LISTEN",          "RDMABUF_ADVERT
                                       "RDMABUF_IB_DEVICE",       "RDMABUF_IB_GID_INDEX",
                                       "RDMABUF_IB_MAX_MESSAGE",  "RDMABUF_BUSY_POLL_US",
                                       "RDMABUF_TIMEOUT_MS",      "RDMABUF_IO_STALL_TIMEOUT_MS",
-                                      "RDMABUF_MAX_CONNECTIONS", "RDMABUF_LOG_LEVEL"};
+                                      "RDMABUF_MAX_CONNECTIONS", "RDMABUF_IO_THREADS",
+                                      "RDMABUF_LOG_LEVEL"};
 
 uint64_t multiplier_of(char suffix) {
   switch (suffix) {

@@ -165,7 +165,7 @@ std::vector<uint8_t> serve_requests(std::span<const uint8_t> requests,
   tcp::ServerSettings settings{&o.registry, 0us, 2000ms, &never_stopping, -1};
   std::thread server([&settings, fd = std::move(pair.local)]() mutable {
     tcp::ServerConnection connection(std::move(fd), settings);
-    connection.run();
+    serve_on_this_thread(connection);
   });  // the connection closes its socket when it returns
 
   // Send the requests while taking the replies; once every reply owed is

@@ -147,17 +147,21 @@ void Stream::finish(Chunk& chunk, const Status& status) {
   chunk.transfer.reset();
 }
 
-void Stream::fail_all(StatusCode code, const std::string& why) {
-  if (sock_.valid()) {
-    RDMABUF_LOG_INFO("tcp stream " + std::to_string(index_) + " to " + peer_->address.to_string() +
-                     " closed: " + why);
-  }
+void Stream::close_connection() {
   segs_.clear();
   tx_.clear();
   tx_head_ = 0;
   rx_begin_ = rx_end_ = 0;
   in_payload_ = false;
   sock_.reset();
+}
+
+void Stream::fail_all(StatusCode code, const std::string& why) {
+  if (sock_.valid()) {
+    RDMABUF_LOG_INFO("tcp stream " + std::to_string(index_) + " to " + peer_->address.to_string() +
+                     " closed: " + why);
+  }
+  close_connection();
   // Segments are gone, so nothing refers to the chunks' memory any more.
   for (auto* queue : {&inflight_, &pending_}) {
     for (Chunk& c : *queue) {
@@ -169,6 +173,21 @@ void Stream::fail_all(StatusCode code, const std::string& why) {
     }
     queue->clear();
   }
+}
+
+void Stream::start_over() {
+  RDMABUF_LOG_DEBUG("tcp stream " + std::to_string(index_) + " to " + peer_->address.to_string() +
+                    " closed by the owner to make room; " + std::to_string(inflight_.size()) +
+                    " requests go again on a new connection");
+  close_connection();
+  // The owner applied none of them (protocol.h): they go again, first, in order.
+  for (auto it = inflight_.rbegin(); it != inflight_.rend(); ++it) {
+    it->request_id = 0;
+    it->moved = 0;
+    it->payload_unsent = false;
+    pending_.push_front(std::move(*it));
+  }
+  inflight_.clear();
 }
 
 // --- sending ------------------------------------------------------------------
@@ -319,6 +338,15 @@ bool Stream::fill_rx(size_t limit) {
 }
 
 void Stream::on_response(const ResponseHeader& h) {
+  if (h.kind == kGoodbye) {
+    if (h.status != 0 || h.request_id != 0 || h.payload != 0 || h.reserved0 != 0 ||
+        h.reserved1 != 0) {
+      protocol_error("owner at " + peer_->address.to_string() + " sent a malformed goodbye");
+      return;
+    }
+    start_over();
+    return;
+  }
   if (inflight_.empty()) {
     protocol_error("owner at " + peer_->address.to_string() + " sent an unrequested reply");
     return;

@@ -86,9 +86,14 @@ class Stream {
   bool read_payload();
   void sleep_until_ready();
   void finish(Chunk& chunk, const Status& status);
+  // Closes the connection and forgets what was sent or received on it.
+  void close_connection();
   // Fails every chunk the thread holds with `why` and closes the connection.
   void fail_all(StatusCode code, const std::string& why);
   void broken(const std::string& why) { fail_all(StatusCode::kUnavailable, why); }
+  // The owner said goodbye (it closes idle connections to make room): the
+  // chunks it has not answered go back to pending_, for a new connection.
+  void start_over();
   void protocol_error(const std::string& why) { fail_all(StatusCode::kProtocolError, why); }
 
   const PeerContext* peer_;

@@ -17,6 +17,12 @@
 // refuses every request whose claim differs from the registered size, so a
 // handle forged to look larger than its buffer moves no byte at all, not
 // even through the chunks of its op that happen to lie within bounds.
+//
+// The owner may close a connection that is between requests, to make room
+// for others: it first sends a goodbye (a response of kind kGoodbye with
+// request id 0, status 0 and no payload), and takes no request from that
+// connection after it. The reader sends every request it has not had a
+// reply to again, on a new connection: none of them was applied.
 // Anything else that breaks these rules is a protocol error: the receiving
 // side closes the connection. All integers are little-endian.
 #pragma once
@@ -30,6 +36,8 @@ namespace rdmabuf::tcp {
 
 enum class RequestKind : uint8_t { kRead = 1, kWrite = 2 };
 constexpr uint8_t kResponseBit = 0x80;
+// The kind of the owner's goodbye before it closes an idle connection.
+constexpr uint8_t kGoodbye = kResponseBit | 0x7f;
 
 // Longest payload one request may carry. Ops are cut into chunks of at most
 // Config::chunk_size (<= 1 GiB), so this is never a limit for callers.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
 #include "common/futex.h"
 #include "common/log.h"
@@ -29,7 +30,62 @@ constexpr uint64_t kInlineReply = 16 << 10;
 // Gathered replies are sent once this many bytes or pieces are waiting.
 constexpr size_t kFlushAtBytes = 4 << 20;
 constexpr size_t kMaxIov = 64;
-constexpr size_t kScratchBytes = 64 << 10;
+// An idle connection keeps a reply arena up to this size; a larger one goes.
+constexpr size_t kKeepIdleTx = 64 << 10;
+// Receive buffers given back by idle connections wait here for the next
+// connection with work, up to this many; more are freed.
+constexpr size_t kSpareRxBuffers = 32;
+
+std::mutex spare_rx_mu;  // guards both spare lists
+std::vector<std::unique_ptr<uint8_t[]>>& spare_rx_buffers() {
+  static auto* spares = new std::vector<std::unique_ptr<uint8_t[]>>;  // never destroyed
+  return *spares;
+}
+
+std::unique_ptr<uint8_t[]> take_rx_buffer() {
+  {
+    std::lock_guard lock(spare_rx_mu);
+    auto& spares = spare_rx_buffers();
+    if (!spares.empty()) {
+      auto buffer = std::move(spares.back());
+      spares.pop_back();
+      return buffer;
+    }
+  }
+  return std::unique_ptr<uint8_t[]>(new uint8_t[kRxBytes]);
+}
+
+void give_rx_buffer(std::unique_ptr<uint8_t[]> buffer) {
+  if (!buffer) return;
+  std::lock_guard lock(spare_rx_mu);
+  auto& spares = spare_rx_buffers();
+  if (spares.size() < kSpareRxBuffers) spares.push_back(std::move(buffer));
+}
+
+// Reply arenas of idle connections, kept with their capacity for the next
+// busy one (growing an arena again for every burst costs copies and page
+// faults); as many as receive buffers.
+std::vector<std::vector<uint8_t>>& spare_tx_arenas() {
+  static auto* spares = new std::vector<std::vector<uint8_t>>;  // never destroyed
+  return *spares;
+}
+
+void swap_in_tx_arena(std::vector<uint8_t>& arena) {
+  std::lock_guard lock(spare_rx_mu);
+  auto& spares = spare_tx_arenas();
+  if (spares.empty()) return;
+  arena.swap(spares.back());
+  spares.pop_back();
+}
+
+void give_tx_arena(std::vector<uint8_t>& arena) {
+  std::vector<uint8_t> gone;
+  gone.swap(arena);
+  gone.clear();
+  std::lock_guard lock(spare_rx_mu);
+  auto& spares = spare_tx_arenas();
+  if (spares.size() < kSpareRxBuffers) spares.push_back(std::move(gone));
+}
 
 // ThreadSanitizer's view of a registered buffer's bytes. Peers order their
 // requests by what came back over the sockets, which it cannot see: a read
@@ -75,41 +131,217 @@ bool tokens_equal(const uint8_t* a, const Token& b) {
 }  // namespace
 
 ServerConnection::ServerConnection(Fd fd, const ServerSettings& settings)
-    : fd_(std::move(fd)),
-      settings_(settings),
-      rx_(new uint8_t[kRxBytes]),
-      scratch_(new uint8_t[kScratchBytes]) {
+    : fd_(std::move(fd)), settings_(settings) {
   tune_data_socket(fd_.get());
+}
+
+ServerConnection::~ServerConnection() {
+  // Cut short, copies from the GPU may still run: they end before the pin
+  // that keeps their memory goes.
+  (void)staging_.wait_all();
+  give_rx_buffer(std::move(rx_));
 }
 
 void ServerConnection::abort_pinned_io() {
   ::shutdown(fd_.get(), SHUT_RDWR);
 }
 
-void ServerConnection::run() {
+IoSession::Wait ServerConnection::on_ready() {
   BusyPoll poll(settings_.busy_poll);
   while (!settings_.stopping->load(std::memory_order_acquire)) {
-    ssize_t n = ::recv(fd_.get(), rx_.get() + rx_end_, kRxBytes - rx_end_, MSG_DONTWAIT);
-    if (n > 0) {
-      rx_end_ += static_cast<size_t>(n);
-      if (!process()) return;
-      poll.activity();
-      continue;
+    switch (advance()) {
+      case Step::kProgress:
+        poll.activity();
+        continue;
+      case Step::kClosed:
+        return Wait::kClose;
+      case Step::kBlockedWrite:
+        // The reader is not taking its replies: that wait is bounded.
+        deadline_ = Clock::now() + settings_.stall_timeout;
+        release_receive_buffer();
+        return Wait::kWritable;
+      case Step::kBlockedRead:
+        // The next request (or the rest of this one) is usually
+        // microseconds away: spin for busy_poll before giving the thread
+        // up, unless other connections need it.
+        if (IoPool::may_spin() && poll.spin()) continue;
+        // Mid-request, the peer owes us bytes: that wait is bounded.
+        // Between requests the connection may idle for ever.
+        if (between_requests()) {
+          deadline_ = Deadline::max();
+          release_idle_memory();
+        } else {
+          deadline_ = Clock::now() + settings_.stall_timeout;
+        }
+        release_receive_buffer();
+        return Wait::kReadable;
     }
-    if (n == 0) return;  // the peer closed the connection
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return;
-    if (!flush()) return;
-    if (poll.spin()) continue;
-    // Mid-request, the peer owes us bytes: that wait is bounded. Between
-    // requests the connection may idle for ever.
-    if (rx_end_ > 0) {
-      if (!wait(POLLIN)) return;
-      continue;
-    }
-    pollfd fds[2] = {{fd_.get(), POLLIN, 0}, {settings_.stop_fd, POLLIN, 0}};
-    ::poll(fds, settings_.stop_fd >= 0 ? 2 : 1, -1);
   }
+  return Wait::kClose;
+}
+
+IoSession::Wait ServerConnection::on_timeout() {
+  RDMABUF_LOG_WARN("tcp: dropping a connection whose peer stalled mid-frame for " +
+                   std::to_string(settings_.stall_timeout.count()) + " ms");
+  return Wait::kClose;
+}
+
+bool ServerConnection::idle() const {
+  return between_requests() && out_.empty() && !flushing_ && !pin_.held();
+}
+
+bool ServerConnection::on_evict() {
+  uint8_t byte;
+  if (::recv(fd_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) return false;  // a request came
+  // Nothing more is taken from this connection; the reader sends whatever
+  // it had in flight again on a new one.
+  ResponseHeader bye{};
+  bye.kind = kGoodbye;
+  (void)::send(fd_.get(), &bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::shutdown(fd_.get(), SHUT_WR);
+  return true;
+}
+
+void ServerConnection::release_receive_buffer() {
+  if (rx_pos_ != rx_end_) return;  // part of a request waits there
+  rx_pos_ = rx_end_ = 0;
+  give_rx_buffer(std::move(rx_));
+}
+
+void ServerConnection::release_idle_memory() {
+  if (tx_.capacity() > kKeepIdleTx) give_tx_arena(tx_);
+  if (out_.capacity() > kMaxIov) std::vector<OutSegment>().swap(out_);
+}
+
+ServerConnection::Step ServerConnection::advance() {
+  if (flushing_) {
+    Step sent = send_some();
+    if (sent == Step::kProgress) flushing_ = false;
+    return sent;
+  }
+  if (payload_.left > 0) return receive_payload();
+  if (rx_end_ - rx_pos_ >= sizeof(RequestHeader)) return take_request();
+  return receive_requests();
+}
+
+ServerConnection::Step ServerConnection::take_request() {
+  RequestHeader h;
+  std::memcpy(&h, rx_.get() + rx_pos_, sizeof h);
+  Status valid = check_request(h);
+  if (!valid.ok()) {
+    RDMABUF_LOG_WARN("tcp: dropping a connection whose peer broke the protocol: " +
+                     valid.message());
+    return Step::kClosed;
+  }
+  // Gathered payloads point into the pinned buffer, and copies to a GPU
+  // buffer may still be running: finish both before the pin moves to
+  // another buffer. (The request is taken again after the flush.)
+  if ((has_external() || staged_writes_) && !pin_matches(h)) return start_flush();
+  std::byte* at = nullptr;
+  Status st = resolve(h, &at);
+  if (h.kind == static_cast<uint8_t>(RequestKind::kRead)) {
+    rx_pos_ += sizeof h;
+    if (!st.ok()) {
+      append_reply(h, st.code(), 0);
+    } else {
+      append_reply(h, StatusCode::kOk, h.length);
+      if (pin_.on_gpu()) {
+        if (!append_from_gpu(at, h.length)) return Step::kClosed;
+      } else if (h.length <= kInlineReply) {
+        before_buffer_access(pin_.data());
+        append_bytes(at, h.length);
+        after_buffer_access(pin_.data());
+      } else {
+        append_external(at, h.length);
+      }
+    }
+    return after_request();
+  }
+  if (!checked_abandoned_) {
+    checked_abandoned_ = true;
+    if (abandoned()) return Step::kClosed;
+  }
+  // Read payloads gathered so far may point at the bytes this write
+  // changes: send them first, so that no read returns a later write's bytes.
+  if (st.ok() && has_external()) return start_flush();
+  rx_pos_ += sizeof h;
+  // The payload follows in full whatever we answer; take it.
+  const size_t buffered = static_cast<size_t>(std::min<uint64_t>(rx_end_ - rx_pos_, h.length));
+  if (st.ok() && pin_.on_gpu()) {
+    if (!receive_into_gpu(at, h.length, rx_.get() + rx_pos_, buffered)) return Step::kClosed;
+    rx_pos_ += buffered;
+    append_reply(h, StatusCode::kOk, 0);
+    return after_request();
+  }
+  if (st.ok()) {
+    before_buffer_access(pin_.data());
+    std::memcpy(at, rx_.get() + rx_pos_, buffered);
+  }
+  rx_pos_ += buffered;
+  const size_t rest = static_cast<size_t>(h.length - buffered);
+  if (rest > 0) {
+    payload_ = PendingPayload{h, st.code(), st.ok() ? at + buffered : nullptr, rest};
+    if (abandoned()) return Step::kClosed;
+    // The reader may be waiting for earlier replies; do not make it wait
+    // for this payload too.
+    return out_.empty() ? Step::kProgress : start_flush();
+  }
+  if (st.ok()) after_buffer_access(pin_.data());
+  append_reply(h, st.code(), 0);
+  return after_request();
+}
+
+ServerConnection::Step ServerConnection::after_request() {
+  if (out_bytes_ >= kFlushAtBytes || out_.size() >= kMaxIov) return start_flush();
+  return Step::kProgress;
+}
+
+ServerConnection::Step ServerConnection::receive_payload() {
+  // Every byte received before the payload is consumed (rx_pos_ == rx_end_),
+  // so a refused write's bytes are discarded into rx_.
+  const bool keep = payload_.at != nullptr;
+  if (!keep && !rx_) rx_ = take_rx_buffer();
+  void* into = keep ? static_cast<void*>(payload_.at) : static_cast<void*>(rx_.get());
+  const size_t want = keep ? payload_.left : std::min(payload_.left, kRxBytes);
+  ssize_t n = ::recv(fd_.get(), into, want, MSG_DONTWAIT);
+  if (n == 0) return Step::kClosed;
+  if (n < 0) {
+    if (errno == EINTR) return Step::kProgress;
+    return (errno == EAGAIN || errno == EWOULDBLOCK) ? Step::kBlockedRead : Step::kClosed;
+  }
+  const size_t got = static_cast<size_t>(n);
+  payload_.left -= got;
+  if (keep) payload_.at += got;
+  if (payload_.left > 0) return Step::kProgress;
+  if (keep) after_buffer_access(pin_.data());
+  append_reply(payload_.header, payload_.code, 0);
+  payload_ = PendingPayload{};
+  return after_request();
+}
+
+ServerConnection::Step ServerConnection::receive_requests() {
+  // Keep the partial request, if any, at the front.
+  if (rx_pos_ > 0) {
+    std::memmove(rx_.get(), rx_.get() + rx_pos_, rx_end_ - rx_pos_);
+    rx_end_ -= rx_pos_;
+    rx_pos_ = 0;
+  }
+  // Nothing half-received: reply now rather than after one more recv. And
+  // never keep payloads of a pin we are about to drop.
+  if (!out_.empty() && (rx_end_ == 0 || has_external() || staged_writes_)) return start_flush();
+  drop_pin();
+  if (!rx_) rx_ = take_rx_buffer();
+  ssize_t n = ::recv(fd_.get(), rx_.get() + rx_end_, kRxBytes - rx_end_, MSG_DONTWAIT);
+  if (n > 0) {
+    rx_end_ += static_cast<size_t>(n);
+    checked_abandoned_ = false;
+    return Step::kProgress;
+  }
+  if (n == 0) return Step::kClosed;  // the peer closed the connection
+  if (errno == EINTR) return Step::kProgress;
+  if (errno != EAGAIN && errno != EWOULDBLOCK) return Step::kClosed;
+  // Replies gathered while a request is half-received go before the wait.
+  return out_.empty() ? Step::kBlockedRead : start_flush();
 }
 
 bool ServerConnection::pin_matches(const RequestHeader& h) const {
@@ -135,6 +367,7 @@ Status ServerConnection::resolve(const RequestHeader& h, std::byte** at) {
 }
 
 void ServerConnection::append_bytes(const void* data, size_t size) {
+  if (tx_.empty() && tx_.capacity() < kKeepIdleTx) swap_in_tx_arena(tx_);
   size_t at = tx_.size();
   tx_.resize(at + size);
   std::memcpy(tx_.data() + at, data, size);
@@ -166,88 +399,6 @@ bool ServerConnection::abandoned() const {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
-bool ServerConnection::process() {
-  size_t pos = 0;
-  // Asked once per batch of buffered requests (a syscall), and before each
-  // payload that has yet to be received.
-  bool checked_abandoned = false;
-  while (rx_end_ - pos >= sizeof(RequestHeader)) {
-    RequestHeader h;
-    std::memcpy(&h, rx_.get() + pos, sizeof h);
-    Status valid = check_request(h);
-    if (!valid.ok()) {
-      RDMABUF_LOG_WARN("tcp: dropping a connection whose peer broke the protocol: " +
-                       valid.message());
-      return false;
-    }
-    pos += sizeof h;
-    // Gathered payloads point into the pinned buffer, and copies to a GPU
-    // buffer may still be running: finish both before the pin moves to
-    // another buffer.
-    if ((has_external() || staged_writes_) && !pin_matches(h) && !flush()) return false;
-    std::byte* at = nullptr;
-    Status st = resolve(h, &at);
-    if (h.kind == static_cast<uint8_t>(RequestKind::kRead)) {
-      if (!st.ok()) {
-        append_reply(h, st.code(), 0);
-      } else {
-        append_reply(h, StatusCode::kOk, h.length);
-        if (pin_.on_gpu()) {
-          if (!append_from_gpu(at, h.length)) return false;
-        } else if (h.length <= kInlineReply) {
-          before_buffer_access(pin_.data());
-          append_bytes(at, h.length);
-          after_buffer_access(pin_.data());
-        } else {
-          append_external(at, h.length);
-        }
-      }
-    } else {
-      if (!checked_abandoned) {
-        checked_abandoned = true;
-        if (abandoned()) return false;
-      }
-      // Read payloads gathered so far may point at the bytes this write
-      // changes: send them first, so that no read returns a later write's
-      // bytes.
-      if (st.ok() && has_external() && !flush()) return false;
-      // The payload follows in full whatever we answer; take it.
-      size_t buffered = static_cast<size_t>(std::min<uint64_t>(rx_end_ - pos, h.length));
-      if (st.ok() && pin_.on_gpu()) {
-        if (!receive_into_gpu(at, h.length, rx_.get() + pos, buffered)) return false;
-        pos += buffered;
-        append_reply(h, StatusCode::kOk, 0);
-        if ((out_bytes_ >= kFlushAtBytes || out_.size() >= kMaxIov) && !flush()) return false;
-        continue;
-      }
-      if (st.ok()) {
-        before_buffer_access(pin_.data());
-        std::memcpy(at, rx_.get() + pos, buffered);
-      }
-      pos += buffered;
-      size_t rest = h.length - buffered;
-      if (rest > 0) {
-        // The reader may be waiting for earlier replies; do not make it wait
-        // for this payload too.
-        if (!flush() || abandoned()) return false;
-        bool ok = st.ok() ? recv_blocking(at + buffered, rest) : discard_blocking(rest);
-        if (!ok) return false;
-      }
-      if (st.ok()) after_buffer_access(pin_.data());
-      append_reply(h, st.code(), 0);
-    }
-    if ((out_bytes_ >= kFlushAtBytes || out_.size() >= kMaxIov) && !flush()) return false;
-  }
-  // Keep the partial request, if any, at the front.
-  std::memmove(rx_.get(), rx_.get() + pos, rx_end_ - pos);
-  rx_end_ -= pos;
-  // Nothing half-received: reply now rather than after one more recv. And
-  // never keep payloads of a pin we are about to drop.
-  bool ok = (rx_end_ == 0 || has_external() || staged_writes_) ? flush() : true;
-  drop_pin();
-  return ok;
-}
-
 bool ServerConnection::wait(short events) {
   Status st = wait_fd(fd_.get(), events, Clock::now() + settings_.stall_timeout, settings_.stop_fd);
   if (st.code() == StatusCode::kDeadlineExceeded) {
@@ -261,7 +412,7 @@ bool ServerConnection::append_from_gpu(const std::byte* at, uint64_t length) {
   const size_t piece_max = staging_.capacity() / 2;
   for (uint64_t done = 0; done < length;) {
     const size_t piece = static_cast<size_t>(std::min<uint64_t>(length - done, piece_max));
-    if (staging_.room() < piece && !flush()) return false;  // flush() empties the ring
+    if (staging_.room() < piece && !flush_blocking()) return false;  // empties the ring
     before_buffer_access(pin_.data());
     auto staged = staging_.stage_from_gpu(at + done, piece, pin_.device());
     after_buffer_access(pin_.data());
@@ -283,9 +434,9 @@ bool ServerConnection::receive_into_gpu(std::byte* at, uint64_t length, const ui
     const size_t piece = static_cast<size_t>(std::min<uint64_t>(length - done, piece_max));
     const bool from_socket = done + piece > buffered;
     // Before blocking on the socket, send the replies gathered so far: the
-    // reader may be waiting for them. flush() empties the ring too.
+    // reader may be waiting for them. The flush empties the ring too.
     if (staging_.room() < piece || (from_socket && !out_.empty())) {
-      if (!flush()) return false;
+      if (!flush_blocking()) return false;
     }
     if (from_socket && abandoned()) return false;
     auto staged = staging_.take(piece);
@@ -307,7 +458,7 @@ bool ServerConnection::receive_into_gpu(std::byte* at, uint64_t length, const ui
   return true;
 }
 
-bool ServerConnection::flush() {
+ServerConnection::Step ServerConnection::send_some() {
   // A write's reply says its bytes have landed: those copied to the GPU
   // must be done before any reply goes.
   if (staged_writes_) {
@@ -315,78 +466,89 @@ bool ServerConnection::flush() {
     staged_writes_ = false;
     if (!landed.ok()) {
       RDMABUF_LOG_WARN("tcp: dropping a connection: " + landed.message());
-      return false;
+      return Step::kClosed;
     }
   }
-  // External pieces are read payloads in the pinned buffer (see process()).
+  // External pieces are read payloads in the pinned buffer (see take_request()).
   const bool from_buffer = has_external();
   if (from_buffer) sends_from_buffer_begin();
-  bool ok = true;
-  size_t arena_at = 0;
-  size_t next = 0;
-  while (ok && next < out_.size()) {
+  Step result = Step::kProgress;
+  while (send_segment_ < out_.size()) {
     iovec iov[kMaxIov];
     int count = 0;
-    for (; next < out_.size() && count < static_cast<int>(kMaxIov); ++next) {
-      const OutSegment& seg = out_[next];
+    size_t arena_at = send_arena_at_;
+    for (size_t i = send_segment_; i < out_.size() && count < static_cast<int>(kMaxIov); ++i) {
+      const OutSegment& seg = out_[i];
+      const size_t skip = i == send_segment_ ? send_offset_ : 0;
       if (seg.staged) {
         // Sent once its copy from the GPU is done; the next staged piece
         // copies meanwhile, so it ends this sendmsg.
         Status copied = staging_.wait_until(seg.external + seg.size);
         if (!copied.ok()) {
           RDMABUF_LOG_WARN("tcp: dropping a connection: " + copied.message());
-          ok = false;
+          result = Step::kClosed;
           break;
         }
-        iov[count++] = {const_cast<std::byte*>(seg.external), seg.size};
-        ++next;
+        iov[count++] = {const_cast<std::byte*>(seg.external) + skip, seg.size - skip};
         break;
       }
       if (seg.external) {
-        iov[count++] = {const_cast<std::byte*>(seg.external), seg.size};
+        iov[count++] = {const_cast<std::byte*>(seg.external) + skip, seg.size - skip};
       } else {
-        iov[count++] = {tx_.data() + arena_at, seg.size};
+        iov[count++] = {tx_.data() + arena_at + skip, seg.size - skip};
         arena_at += seg.size;
       }
     }
-    if (ok) ok = send_blocking(iov, count);
-  }
-  if (from_buffer) sends_from_buffer_end();
-  tx_.clear();
-  out_.clear();
-  out_bytes_ = 0;
-  externals_ = 0;
-  // Cut short, later pieces' copies from the GPU may still run: they end
-  // before the pin that keeps their memory can go.
-  if (!ok) (void)staging_.wait_all();
-  staging_.reset();  // nothing staged is referred to any more
-  return ok;
-}
-
-bool ServerConnection::send_blocking(iovec* iov, int count) {
-  while (count > 0) {
+    if (result == Step::kClosed) break;
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(count);
     ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
-      if (!wait(POLLOUT)) return false;
-      continue;
+      result = (errno == EAGAIN || errno == EWOULDBLOCK) ? Step::kBlockedWrite : Step::kClosed;
+      break;
     }
-    size_t sent = static_cast<size_t>(n);
-    while (count > 0 && sent >= iov->iov_len) {
-      sent -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + sent;
-      iov->iov_len -= sent;
+    for (size_t sent = static_cast<size_t>(n); sent > 0;) {
+      const OutSegment& seg = out_[send_segment_];
+      const size_t left = seg.size - send_offset_;
+      if (sent < left) {
+        send_offset_ += sent;
+        break;
+      }
+      sent -= left;
+      if (!seg.external) send_arena_at_ += seg.size;
+      ++send_segment_;
+      send_offset_ = 0;
     }
   }
-  return true;
+  if (from_buffer) sends_from_buffer_end();
+  if (result == Step::kProgress) finish_flush();
+  return result;
+}
+
+void ServerConnection::finish_flush() {
+  tx_.clear();
+  out_.clear();
+  out_bytes_ = 0;
+  externals_ = 0;
+  send_segment_ = send_offset_ = send_arena_at_ = 0;
+  staging_.reset();  // nothing staged is referred to any more
+}
+
+bool ServerConnection::flush_blocking() {
+  while (true) {
+    switch (send_some()) {
+      case Step::kProgress:
+        flushing_ = false;
+        return true;
+      case Step::kBlockedWrite:
+        if (!wait(POLLOUT)) return false;
+        continue;
+      default:
+        return false;
+    }
+  }
 }
 
 bool ServerConnection::recv_blocking(void* dst, size_t size) {
@@ -408,15 +570,6 @@ bool ServerConnection::recv_blocking(void* dst, size_t size) {
     if (settings_.stopping->load(std::memory_order_acquire)) return false;
     if (poll.spin()) continue;
     if (!wait(POLLIN)) return false;
-  }
-  return true;
-}
-
-bool ServerConnection::discard_blocking(size_t size) {
-  while (size > 0) {
-    size_t n = std::min(size, kScratchBytes);
-    if (!recv_blocking(scratch_.get(), n)) return false;
-    size -= n;
   }
   return true;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/tcp/protocol.h"
+#include "common/io_pool.h"
 #include "common/socket.h"
 #include "common/staging_ring.h"
 #include "rdmabuf/backend.h"
@@ -22,28 +23,47 @@ struct ServerSettings {
   int stop_fd = -1;
 };
 
-// Serves requests from one connection, in order, until the peer closes it,
-// breaks the protocol, stalls mid-frame for stall_timeout, or the backend
-// shuts down. Every request is checked (token, buffer id, bounds) against
-// the registry; a refused request gets an error reply and the connection
-// goes on. Replies are gathered and sent together (up to kMaxIov pieces per
-// sendmsg): headers and small payloads copied into one buffer, large read
-// payloads straight from the registered memory (sent before any later
-// write changes those bytes); large write payloads are received straight
-// into it. A buffer in GPU memory is reached through a StagingRing of
-// pinned memory instead: read payloads are copied out of the GPU
-// asynchronously as the requests are taken, and each is sent once its copy
-// is done, while the next ones copy; write payloads are received into the
-// ring and copied to the GPU while the next is received, and their replies
-// go out once the copies are done.
-class ServerConnection final : public PinAbort {
+// Serves requests from one connection, in order, as an IoSession: it runs
+// when its socket is ready and does what it can without waiting, so that a
+// few threads serve any number of connections. It ends when the peer closes
+// the connection, breaks the protocol, stalls mid-frame for stall_timeout
+// (or leaves replies unread that long), or the backend shuts down. Every
+// request is checked (token, buffer id, bounds) against the registry; a
+// refused request gets an error reply and the connection goes on. Replies
+// are gathered and sent together (up to kMaxIov pieces per sendmsg):
+// headers and small payloads copied into one buffer, large read payloads
+// straight from the registered memory (sent before any later write changes
+// those bytes); large write payloads are received straight into it.
+// Between requests it holds no buffer, no pin and no receive memory: an
+// idle connection costs its socket and a few hundred bytes, and may be
+// evicted (it says goodbye first; see protocol.h).
+//
+// A buffer in GPU memory is reached through a StagingRing of pinned memory
+// instead: read payloads are copied out of the GPU asynchronously as the
+// requests are taken, and each is sent once its copy is done, while the
+// next ones copy; write payloads are received into the ring and copied to
+// the GPU while the next is received, and their replies go out once the
+// copies are done. Those paths wait on the socket on the thread that runs
+// them (up to stall_timeout without progress), where host memory never does.
+class ServerConnection final : public IoSession, public PinAbort {
  public:
   ServerConnection(Fd fd, const ServerSettings& settings);
-  void run();
+  ~ServerConnection() override;
+
+  int fd() const override { return fd_.get(); }
+  Wait on_ready() override;
+  Deadline deadline() const override { return deadline_; }
+  Wait on_timeout() override;
+  bool idle() const override;
+  bool on_evict() override;
+
   // Called by release() when it stops waiting for this connection's pin.
   void abort_pinned_io() override;
 
  private:
+  // What one step of the work did.
+  enum class Step { kProgress, kBlockedRead, kBlockedWrite, kClosed };
+
   // A piece of the gathered output: the next `size` bytes of tx_, or
   // `size` bytes of pinned memory at `external` (in staging_, once its
   // copy from the GPU is done, when `staged`).
@@ -52,8 +72,32 @@ class ServerConnection final : public PinAbort {
     size_t size;
     bool staged = false;
   };
+  // A write's payload still to come from the socket, after its header.
+  struct PendingPayload {
+    RequestHeader header{};
+    StatusCode code = StatusCode::kOk;
+    std::byte* at = nullptr;  // where it lands; null: discarded (refused)
+    size_t left = 0;
+  };
 
-  bool process();
+  // One step: sends gathered output, receives a payload, takes one
+  // request, or receives more requests, in that order of priority.
+  Step advance();
+  Step take_request();
+  Step receive_payload();
+  Step receive_requests();
+  // After a request's reply is gathered: sends once enough is waiting.
+  Step after_request();
+  // Every later step waits until the gathered output is sent.
+  Step start_flush() {
+    flushing_ = true;
+    return Step::kProgress;
+  }
+  // Sends gathered output until it is all sent or the socket is full.
+  Step send_some();
+  void finish_flush();
+  bool between_requests() const { return rx_end_ == 0 && payload_.left == 0; }
+
   bool pin_matches(const RequestHeader& h) const;
   Status resolve(const RequestHeader& h, std::byte** at);
   void append_reply(const RequestHeader& h, StatusCode code, uint64_t payload);
@@ -67,21 +111,10 @@ class ServerConnection final : public PinAbort {
   // `have`, then the rest from the socket, through staging_.
   bool receive_into_gpu(std::byte* at, uint64_t length, const uint8_t* have, size_t buffered);
   bool has_external() const { return externals_ > 0; }
-  // Sends everything gathered; external pieces are sent before the pin that
-  // covers them may change.
-  bool flush();
-  // Send or receive all of it, waiting for the socket up to the stall
-  // timeout at a time without progress; false when the connection is gone,
-  // stalled or stopping.
-  bool send_blocking(iovec* iov, int count);
-  // A write's payload: between two segments the receive spins for
-  // busy_poll before it sleeps, since the next one is microseconds away.
-  // Asleep, every segment cost the writer a wakeup of this thread (a
-  // cross-core interrupt, dear in a VM): one stream's 1 MiB messages moved
-  // 6.1-7.0 GB/s, spinning 7.8-8.9. Sends still
-  // sleep at once: spinning there gained nothing.
+  // The GPU paths' waits on the socket, on the calling thread: send all
+  // that is gathered; receive exactly `size` bytes.
+  bool flush_blocking();
   bool recv_blocking(void* dst, size_t size);
-  bool discard_blocking(size_t size);
   bool wait(short events);
   // Whether the reader has closed or reset its end of the connection: it
   // gave up on it (a deadline passed), so the writes still buffered here are
@@ -89,21 +122,41 @@ class ServerConnection final : public PinAbort {
   // written since over another connection; they are dropped instead.
   bool abandoned() const;
   void drop_pin() { pin_.reset(); }
+  // While the connection waits: gives its receive buffer back to the
+  // spare list unless part of a request is in it.
+  void release_receive_buffer();
+  // While it waits between requests: trims the reply arena too.
+  void release_idle_memory();
 
   Fd fd_;
   ServerSettings settings_;
+  Deadline deadline_ = Deadline::max();
+
+  // Received requests: the next one starts at rx_pos_; rx_ is taken from a
+  // shared spare list when bytes are to be received, and given back when
+  // the connection waits with none of them left unread.
   std::unique_ptr<uint8_t[]> rx_;
+  size_t rx_pos_ = 0;
   size_t rx_end_ = 0;
+  bool checked_abandoned_ = false;  // since the last bytes received
+  PendingPayload payload_;
+
   std::vector<uint8_t> tx_;
   std::vector<OutSegment> out_;
   size_t out_bytes_ = 0;
   size_t externals_ = 0;
+  bool flushing_ = false;
+  // The send's place in out_: the segment, the bytes of it sent, and where
+  // that segment starts in tx_ (when it is not external).
+  size_t send_segment_ = 0;
+  size_t send_offset_ = 0;
+  size_t send_arena_at_ = 0;
+
   // The buffer pinned for the requests being processed, with the id and the
   // token it was checked against.
   PinnedRegion pin_;
   uint64_t pin_id_ = 0;
   Token pin_token_{};
-  std::unique_ptr<uint8_t[]> scratch_;
   // For buffers in GPU memory; its pinned memory is allocated on first use.
   StagingRing staging_;
   bool staged_writes_ = false;  // copies to the GPU whose replies wait in out_

@@ -75,12 +75,10 @@ class TcpBackend final : public Backend {
     return channel == static_cast<uint8_t>(Channel::kTcpData);
   }
 
-  void serve_connection(int fd, uint64_t) override {
+  std::unique_ptr<IoSession> open_session(int fd, uint64_t) override {
     ServerSettings settings{env_.resolver, env_.config.busy_poll, env_.config.io_stall_timeout,
                             &stopping_, stop_fd_.get()};
-    ServerConnection connection(Fd(fd), settings);
-    if (stopping_.load()) return;
-    connection.run();
+    return std::make_unique<ServerConnection>(Fd(fd), settings);
   }
 
   void shutdown() override {

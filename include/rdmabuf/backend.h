@@ -35,6 +35,8 @@ enum class TransportLevel : uint8_t { kTcp = 1, kNic = 2, kMemory = 3 };
 const char* transport_level_name(TransportLevel level);
 
 // What `rdmabuf info` and Manager::backends() show for one backend.
+class IoSession;  // common/io_pool.h
+
 struct BackendInfo {
   std::string name;
   TransportLevel level = TransportLevel::kTcp;
@@ -469,12 +471,17 @@ class Backend {
 
   // Inbound connections. The manager's listener accepts a connection whose
   // hello asks for channel `channel` (see common/hello.h) and, when this
-  // backend claims it, calls serve_connection on a thread of its own. The
-  // backend owns `fd` and returns when the connection ends or on shutdown.
+  // backend claims it, asks open_session for a session that serves it on
+  // the manager's shared I/O threads (common/io_pool.h); when that gives
+  // none, it calls serve_connection on a thread of its own. The backend owns
+  // `fd` (serve_connection returns when the connection ends or on shutdown;
+  // a session closes it when it is destroyed).
   virtual bool claims_channel(uint8_t channel) const {
     (void)channel;
     return false;
   }
+  // The default gives none (and leaves `fd` alone).
+  virtual std::unique_ptr<IoSession> open_session(int fd, uint64_t peer_manager_id);
   // The default closes `fd` (never called unless claims_channel says yes).
   virtual void serve_connection(int fd, uint64_t peer_manager_id);
 

@@ -74,9 +74,19 @@ struct Config {
   // reading a response) for this long. Idle connections are never dropped.
   std::chrono::milliseconds io_stall_timeout{30000};
 
-  // RDMABUF_MAX_CONNECTIONS. Inbound connections a manager accepts at once;
-  // more are refused.
-  int max_connections = 1024;
+  // RDMABUF_MAX_CONNECTIONS. Inbound connections a manager serves at once.
+  // At the limit it closes the idle connection that has waited longest (its
+  // peer reconnects on its next op, unaware), and refuses a connection with
+  // kResourceExhausted only when none is idle. 0: set by the file
+  // descriptors the process may open (the manager raises its soft
+  // RLIMIT_NOFILE to the hard limit), less an eighth kept for the rest of
+  // the process.
+  int max_connections = 0;
+
+  // RDMABUF_IO_THREADS. Threads that serve every inbound tcp data
+  // connection, however many peers there are. 0: as many as the cores,
+  // within 4..16.
+  int io_threads = 0;
 
   // RDMABUF_LEND_LIMIT (K/M/G suffixes). Bytes this manager lends at once
   // to peers that ask through an endpoint (Endpoint::request_remote_buffer);

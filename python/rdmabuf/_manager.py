@@ -47,6 +47,7 @@ class Config:
     timeout_ms: int
     io_stall_timeout_ms: int
     max_connections: int
+    io_threads: int
     log_level: str
 
 

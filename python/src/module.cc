@@ -27,6 +27,7 @@ py::dict config_to_dict(const Config& c) {
   d["timeout_ms"] = c.default_timeout.count();
   d["io_stall_timeout_ms"] = c.io_stall_timeout.count();
   d["max_connections"] = c.max_connections;
+  d["io_threads"] = c.io_threads;
   d["log_level"] = log_level_name(c.log_level);
   return d;
 }
@@ -102,6 +103,8 @@ Config make_config(const py::dict& overrides) {
       c.io_stall_timeout = std::chrono::milliseconds(int_field(key, value));
     } else if (key == "max_connections") {
       c.max_connections = static_cast<int>(std::clamp<int64_t>(int_field(key, value), -1, 1 << 30));
+    } else if (key == "io_threads") {
+      c.io_threads = static_cast<int>(std::clamp<int64_t>(int_field(key, value), -1, 1 << 30));
     } else if (key == "log_level") {
       const std::string level = str_field(key, value);
       if (level == "error") {
@@ -120,7 +123,7 @@ Config make_config(const py::dict& overrides) {
       throw py::type_error("rdmabuf has no config field '" + key +
                            "' (fields: listen, advertise_host, backends, allow_tcp_fallback, "
                            "tcp_streams, chunk_size, busy_poll_us, timeout_ms, "
-                           "io_stall_timeout_ms, max_connections, log_level)");
+                           "io_stall_timeout_ms, max_connections, io_threads, log_level)");
     }
   }
   Status valid = c.validate();

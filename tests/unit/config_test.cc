@@ -59,7 +59,8 @@ TEST(ConfigTest, DefaultsAreValid) {
   EXPECT_EQ(c.busy_poll, std::chrono::microseconds(200));
   EXPECT_EQ(c.default_timeout, std::chrono::milliseconds(30000));
   EXPECT_EQ(c.io_stall_timeout, std::chrono::milliseconds(30000));
-  EXPECT_EQ(c.max_connections, 1024);
+  EXPECT_EQ(c.max_connections, 0);
+  EXPECT_EQ(c.io_threads, 0);
   EXPECT_EQ(c.log_level, LogLevel::kWarn);
 }
 
@@ -86,6 +87,7 @@ TEST(ConfigTest, FromEnvReadsEveryVariable) {
   env.set("RDMABUF_TIMEOUT_MS", "1234");
   env.set("RDMABUF_IO_STALL_TIMEOUT_MS", "250");
   env.set("RDMABUF_MAX_CONNECTIONS", "3");
+  env.set("RDMABUF_IO_THREADS", "5");
   env.set("RDMABUF_LEND_LIMIT", "16M");
   env.set("RDMABUF_MAX_LEASE_MS", "5000");
   env.set("RDMABUF_LOG_LEVEL", "debug");
@@ -101,6 +103,7 @@ TEST(ConfigTest, FromEnvReadsEveryVariable) {
   EXPECT_EQ(c->default_timeout, std::chrono::milliseconds(1234));
   EXPECT_EQ(c->io_stall_timeout, std::chrono::milliseconds(250));
   EXPECT_EQ(c->max_connections, 3);
+  EXPECT_EQ(c->io_threads, 5);
   EXPECT_EQ(c->lend_limit, 16u << 20);
   EXPECT_EQ(c->max_lease, std::chrono::milliseconds(5000));
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
@@ -170,7 +173,9 @@ const BadValue kUnparsable[] = {
     {"RDMABUF_TIMEOUT_MS", "1s"},
     {"RDMABUF_IO_STALL_TIMEOUT_MS", "0"},
     {"RDMABUF_IO_STALL_TIMEOUT_MS", "soon"},
-    {"RDMABUF_MAX_CONNECTIONS", "0"},
+    {"RDMABUF_MAX_CONNECTIONS", "-1"},
+    {"RDMABUF_IO_THREADS", "-2"},
+    {"RDMABUF_IO_THREADS", "1025"},
     {"RDMABUF_MAX_CONNECTIONS", "lots"},
     {"RDMABUF_LEND_LIMIT", "plenty"},
     {"RDMABUF_MAX_LEASE_MS", "0"},
@@ -259,7 +264,8 @@ TEST(ConfigTest, ValidateNamesTheField) {
       {"busy_poll", [](Config& c) { c.busy_poll = std::chrono::microseconds(-1); }},
       {"default_timeout", [](Config& c) { c.default_timeout = std::chrono::milliseconds(0); }},
       {"io_stall_timeout", [](Config& c) { c.io_stall_timeout = std::chrono::milliseconds(-1); }},
-      {"max_connections", [](Config& c) { c.max_connections = 0; }},
+      {"max_connections", [](Config& c) { c.max_connections = -1; }},
+      {"io_threads", [](Config& c) { c.io_threads = -1; }},
   };
   for (const Case& k : cases) {
     Config c;
@@ -287,7 +293,7 @@ TEST(ConfigTest, DescribeListsEveryField) {
   std::map<std::string, std::string> m(lines.begin(), lines.end());
   for (const char* field : {"listen_address", "advertise_host", "backends", "allow_tcp_fallback",
                             "tcp_streams", "chunk_size", "busy_poll_us", "default_timeout_ms",
-                            "io_stall_timeout_ms", "max_connections", "log_level"}) {
+                            "io_stall_timeout_ms", "max_connections", "io_threads", "log_level"}) {
     EXPECT_TRUE(m.count(field)) << field;
   }
   EXPECT_EQ(m["backends"], "tcp");

@@ -1,0 +1,190 @@
+// One owner, hundreds of peers over tcp, and faulty ones beside them: a
+// reader process killed mid-transfer, a peer that stalls mid-request, one
+// that sends garbage. The healthy peers are raw protocol clients (one
+// connection each, as the wire format says; few threads drive them all), so
+// that the owner really serves hundreds of connections at once while the
+// test stays light. The owner serves them all on its fixed I/O threads.
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <fstream>
+#include <string>
+
+#include "backends/tcp/protocol.h"
+#include "common/hello.h"
+#include "common/socket.h"
+#include "tests/integration/integration.h"
+
+namespace rdmabuf::testing {
+namespace {
+
+constexpr size_t kHealthy = 256;
+constexpr uint64_t kRegion = 4096;  // each healthy peer's own bytes
+constexpr uint64_t kSeed = 401;
+
+// A tcp data connection that speaks the wire format itself, blocking.
+class RawPeer {
+ public:
+  static std::unique_ptr<RawPeer> connect(const RemoteBuffer& buffer) {
+    auto where = parse_host_port(buffer.owner().address);
+    if (!where.ok()) return nullptr;
+    auto fd = connect_tcp(*where, Clock::now() + kTimeout);
+    if (!fd.ok()) return nullptr;
+    Hello hello{Channel::kTcpData, 9, buffer.owner().manager_id};
+    if (!exchange_hello(fd->get(), hello, Clock::now() + kTimeout).ok()) return nullptr;
+    auto peer = std::make_unique<RawPeer>();
+    peer->fd_ = std::move(fd).value();
+    peer->buffer_ = buffer;
+    return peer;
+  }
+
+  // One read of `length` bytes at `offset` into `out`; false on any failure.
+  bool read(uint64_t offset, std::byte* out, uint64_t length) {
+    if (!send_request(tcp::RequestKind::kRead, offset, length)) return false;
+    tcp::ResponseHeader r{};
+    if (!take_response(tcp::RequestKind::kRead, &r) || r.payload != length) return false;
+    return recv_exact(fd_.get(), out, length, Clock::now() + kTimeout).ok();
+  }
+
+  bool write(uint64_t offset, const std::byte* in, uint64_t length) {
+    if (!send_request(tcp::RequestKind::kWrite, offset, length)) return false;
+    if (!send_exact(fd_.get(), in, length, Clock::now() + kTimeout).ok()) return false;
+    tcp::ResponseHeader r{};
+    return take_response(tcp::RequestKind::kWrite, &r) && r.payload == 0;
+  }
+
+ private:
+  bool send_request(tcp::RequestKind kind, uint64_t offset, uint64_t length) {
+    tcp::RequestHeader h{};
+    h.kind = static_cast<uint8_t>(kind);
+    h.request_id = ++last_id_;
+    h.buffer_id = buffer_.id();
+    std::memcpy(h.token, buffer_.token().data(), sizeof h.token);
+    h.region_size = buffer_.region_size();
+    h.offset = offset;
+    h.length = length;
+    return send_exact(fd_.get(), &h, sizeof h, Clock::now() + kTimeout).ok();
+  }
+
+  bool take_response(tcp::RequestKind kind, tcp::ResponseHeader* r) {
+    if (!recv_exact(fd_.get(), r, sizeof *r, Clock::now() + kTimeout).ok()) return false;
+    return r->kind == (static_cast<uint8_t>(kind) | tcp::kResponseBit) && r->status == 0 &&
+           r->request_id == last_id_;
+  }
+
+  Fd fd_;
+  RemoteBuffer buffer_;
+  uint64_t last_id_ = 0;
+};
+
+int threads_of(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with("Threads:")) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Whether the owner closed `fd` (EOF or reset) within `limit`.
+bool closed_by_owner_within(int fd, std::chrono::milliseconds limit) {
+  Status st = wait_fd(fd, POLLIN, Clock::now() + limit);
+  if (!st.ok()) return false;
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+TEST(ManyPeersTest, HundredsOfHealthyPeersBesideFaultyOnes) {
+  auto owner = start_peer({{kHealthy * kRegion, kSeed}, {1 << 20, kSeed + 1}},
+                          {"RDMABUF_IO_STALL_TIMEOUT_MS=1000", "RDMABUF_IO_THREADS=2"});
+  ASSERT_NE(owner, nullptr);
+  const RemoteBuffer& shared = owner->handle(0);
+
+  // Hundreds of connections, each with its first read done: all open at once.
+  std::vector<std::unique_ptr<RawPeer>> healthy;
+  int threads_before = 0;  // with one connection
+  for (size_t i = 0; i < kHealthy; ++i) {
+    if (i == 1) threads_before = threads_of(owner->process().pid());
+    healthy.push_back(RawPeer::connect(shared));
+    ASSERT_NE(healthy.back(), nullptr) << "peer " << i;
+    std::vector<std::byte> got(kRegion);
+    ASSERT_TRUE(healthy.back()->read(i * kRegion, got.data(), kRegion)) << "peer " << i;
+    ASSERT_EQ(find_mismatch(got, kSeed, i * kRegion), std::nullopt) << "peer " << i;
+  }
+  const int threads_at_hundreds = threads_of(owner->process().pid());
+  EXPECT_EQ(threads_at_hundreds, threads_before) << "the owner's threads grew with its connections";
+
+  // The faulty ones. A reader process reading in a loop, killed mid-transfer.
+  std::string error;
+  auto killed = Subprocess::spawn(
+      RDMABUF_TEST_READER, {"--wait", "--loop", owner->handle_text(1), std::to_string(1 << 20)},
+      {"RDMABUF_BACKENDS=tcp"}, &error);
+  ASSERT_NE(killed, nullptr) << error;
+  ASSERT_EQ(killed->read_line(60s).value_or("(nothing)"), "ready");
+  ASSERT_TRUE(killed->write_line("go"));
+  // A peer that sends half a request and stops.
+  auto stalled_fd = connect_tcp(*parse_host_port(shared.owner().address), Clock::now() + kTimeout);
+  ASSERT_TRUE(stalled_fd.ok());
+  Hello hello{Channel::kTcpData, 11, shared.owner().manager_id};
+  ASSERT_TRUE(exchange_hello(stalled_fd->get(), hello, Clock::now() + kTimeout).ok());
+  const uint8_t half[20] = {static_cast<uint8_t>(tcp::RequestKind::kRead)};
+  ASSERT_EQ(::send(stalled_fd->get(), half, sizeof half, MSG_NOSIGNAL), ssize_t{sizeof half});
+  const auto stalled_since = Clock::now();
+  // A peer that sends garbage after its hello.
+  auto garbage_fd = connect_tcp(*parse_host_port(shared.owner().address), Clock::now() + kTimeout);
+  ASSERT_TRUE(garbage_fd.ok());
+  ASSERT_TRUE(exchange_hello(garbage_fd->get(), hello, Clock::now() + kTimeout).ok());
+  std::vector<uint8_t> junk(64, 0xEE);
+  ASSERT_EQ(::send(garbage_fd->get(), junk.data(), junk.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(junk.size()));
+  std::this_thread::sleep_for(50ms);  // the killed reader's reads are under way
+  ASSERT_TRUE(killed->signal(SIGKILL));
+
+  // Meanwhile every healthy peer writes its region and reads it back, from
+  // four threads at once, every byte checked.
+  std::atomic<int> failures{0};
+  std::vector<std::thread> drivers;
+  for (int t = 0; t < 4; ++t) {
+    drivers.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = t; i < kHealthy; i += 4) {
+          std::vector<std::byte> mine(kRegion), back(kRegion);
+          fill_pattern(mine, kSeed + 100 + round, i * kRegion);
+          if (!healthy[i]->write(i * kRegion, mine.data(), kRegion) ||
+              !healthy[i]->read(i * kRegion, back.data(), kRegion) || back != mine) {
+            failures.fetch_add(1);
+          }
+        }
+      }
+    });
+  }
+  for (auto& d : drivers)
+    d.join();
+  EXPECT_EQ(failures.load(), 0) << "healthy peers failed beside the faulty ones";
+
+  // The faulty ones were dropped: garbage at once, the stall after its timeout.
+  EXPECT_TRUE(closed_by_owner_within(garbage_fd->get(), 10s)) << "garbage was not dropped";
+  EXPECT_TRUE(closed_by_owner_within(stalled_fd->get(), 10s)) << "the stall was not dropped";
+  EXPECT_GE(Clock::now() - stalled_since, 900ms) << "the stall was dropped before its timeout";
+  killed->wait(10s);
+
+  // And everything still works, on the same connections and on a new manager.
+  for (size_t i = 0; i < kHealthy; i += 17) {
+    std::vector<std::byte> back(kRegion), want(kRegion);
+    fill_pattern(want, kSeed + 102, i * kRegion);
+    ASSERT_TRUE(healthy[i]->read(i * kRegion, back.data(), kRegion)) << "peer " << i;
+    EXPECT_EQ(back, want) << "peer " << i;
+  }
+  auto reader = make_manager();
+  ASSERT_NE(reader, nullptr);
+  LocalMemory dst = allocate(1 << 20);
+  ASSERT_TRUE(reader->read_into(owner->handle(1), dst, kTimeout).ok());
+  EXPECT_EQ(find_mismatch(dst.span(), kSeed + 1), std::nullopt);
+  EXPECT_EQ(threads_of(owner->process().pid()), threads_before);
+  healthy.clear();
+  expect_clean_exit(*owner);
+}
+
+}  // namespace
+}  // namespace rdmabuf::testing

@@ -1,0 +1,247 @@
+// The shared I/O threads (common/io_pool.h): many sessions on few threads,
+// one thread per session at a time, deadlines, eviction of the idlest
+// session, and stopping. Real sockets (Unix socket pairs) throughout.
+#include "common/io_pool.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "tests/helpers/printers.h"
+
+namespace rdmabuf {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Pair {
+  Fd ours, theirs;
+};
+
+Pair socket_pair() {
+  int fds[2];
+  EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds), 0);
+  return Pair{Fd(fds[0]), Fd(fds[1])};
+}
+
+// What every session of a test records.
+struct Record {
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  std::atomic<int> overlaps{0};
+  std::atomic<int> timeouts{0};
+  std::atomic<int> evicted{0};
+  std::atomic<int> destroyed{0};
+};
+
+// Echoes every byte back; idle between messages; fails the test loudly
+// (counts an overlap) if two threads ever run it at once.
+class EchoSession final : public IoSession {
+ public:
+  EchoSession(Fd fd, Record* record, Deadline deadline = Deadline::max(), bool evictable = true)
+      : fd_(std::move(fd)), record_(record), deadline_(deadline), evictable_(evictable) {}
+  ~EchoSession() override { record_->destroyed.fetch_add(1); }
+
+  int fd() const override { return fd_.get(); }
+  Wait on_ready() override {
+    if (running_.exchange(true)) record_->overlaps.fetch_add(1);
+    {
+      std::lock_guard lock(record_->mu);
+      record_->threads.insert(std::this_thread::get_id());
+    }
+    Wait next = Wait::kReadable;
+    char buf[256];
+    while (true) {
+      ssize_t n = ::recv(fd_.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN)) {
+        next = Wait::kClose;
+        break;
+      }
+      if (n < 0) break;
+      if (::send(fd_.get(), buf, static_cast<size_t>(n), MSG_NOSIGNAL) != n) {
+        next = Wait::kClose;
+        break;
+      }
+    }
+    running_.store(false);
+    return next;
+  }
+  Deadline deadline() const override { return deadline_; }
+  Wait on_timeout() override {
+    record_->timeouts.fetch_add(1);
+    return Wait::kClose;
+  }
+  bool idle() const override { return evictable_; }
+  bool on_evict() override {
+    record_->evicted.fetch_add(1);
+    return true;
+  }
+
+ private:
+  Fd fd_;
+  Record* record_;
+  Deadline deadline_;
+  bool evictable_;
+  std::atomic<bool> running_{false};
+};
+
+bool echoes(int fd, const std::string& text) {
+  if (::send(fd, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
+    return false;
+  }
+  std::string got;
+  const Deadline until = Clock::now() + 5s;
+  while (got.size() < text.size() && Clock::now() < until) {
+    char buf[256];
+    ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      got.append(buf, static_cast<size_t>(n));
+    } else if (n == 0) {
+      return false;
+    } else {
+      std::this_thread::sleep_for(100us);
+    }
+  }
+  return got == text;
+}
+
+// Whether the other end of `fd` has been closed (EOF within 5 s).
+bool closed_within_5s(int fd) {
+  const Deadline until = Clock::now() + 5s;
+  while (Clock::now() < until) {
+    char c;
+    ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT);
+    if (n == 0) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
+TEST(IoPoolTest, ManySessionsOnTwoThreadsEachOnOneThreadAtATime) {
+  Record record;
+  auto pool = IoPool::create(2);
+  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+  constexpr int kSessions = 300;
+  std::vector<Fd> peers;
+  for (int i = 0; i < kSessions; ++i) {
+    Pair p = socket_pair();
+    (*pool)->add(std::make_unique<EchoSession>(std::move(p.ours), &record));
+    peers.push_back(std::move(p.theirs));
+  }
+  EXPECT_EQ((*pool)->size(), size_t{kSessions});
+  EXPECT_EQ((*pool)->threads(), 2);
+  // Every session, several times over, from several threads at once.
+  std::vector<std::thread> clients;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      for (int round = 0; round < 5; ++round) {
+        for (int i = t; i < kSessions; i += 4) {
+          if (!echoes(peers[i].get(), "message " + std::to_string(i) + "/" + std::to_string(round)))
+            failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& c : clients)
+    c.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(record.overlaps.load(), 0);
+  {
+    std::lock_guard lock(record.mu);
+    EXPECT_LE(record.threads.size(), 2u);
+  }
+  // A peer that hangs up ends its session.
+  peers[0].reset();
+  for (int i = 0; i < 500 && (*pool)->size() != size_t{kSessions - 1}; ++i)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ((*pool)->size(), size_t{kSessions - 1});
+  (*pool)->stop();
+  EXPECT_EQ(record.destroyed.load(), kSessions);
+  EXPECT_EQ((*pool)->size(), 0u);
+}
+
+TEST(IoPoolTest, ASessionPastItsDeadlineTimesOutAndTheOthersGoOn) {
+  Record record;
+  auto pool = IoPool::create(2);
+  ASSERT_TRUE(pool.ok());
+  Pair late = socket_pair();
+  Pair fine = socket_pair();
+  const auto start = Clock::now();
+  (*pool)->add(std::make_unique<EchoSession>(std::move(late.ours), &record, start + 200ms));
+  (*pool)->add(std::make_unique<EchoSession>(std::move(fine.ours), &record));
+  EXPECT_TRUE(closed_within_5s(late.theirs.get()));
+  const auto took = Clock::now() - start;
+  EXPECT_GE(took, 190ms);
+  EXPECT_LT(took, 3s);
+  EXPECT_EQ(record.timeouts.load(), 1);
+  EXPECT_TRUE(echoes(fine.theirs.get(), "still here"));
+}
+
+TEST(IoPoolTest, EvictionClosesTheIdleSessionThatWaitedLongest) {
+  Record record;
+  auto pool = IoPool::create(2);
+  ASSERT_TRUE(pool.ok());
+  Pair busy = socket_pair();
+  (*pool)->add(std::make_unique<EchoSession>(std::move(busy.ours), &record, Deadline::max(),
+                                             /*evictable=*/false));
+  std::vector<Pair> idle;
+  for (int i = 0; i < 3; ++i) {
+    idle.push_back(socket_pair());
+    (*pool)->add(std::make_unique<EchoSession>(std::move(idle.back().ours), &record));
+  }
+  // A session is idle once it has run and waits again: have each run, the
+  // first last, so that the second has waited longest.
+  for (int i : {1, 2, 0}) {
+    ASSERT_TRUE(echoes(idle[i].theirs.get(), "x"));
+    std::this_thread::sleep_for(20ms);  // it waits again before the next runs
+  }
+  ASSERT_TRUE(echoes(busy.theirs.get(), "x"));
+  for (int i : {1, 2, 0}) {
+    EXPECT_TRUE((*pool)->evict_idle());
+    EXPECT_TRUE(closed_within_5s(idle[i].theirs.get())) << "session " << i;
+  }
+  EXPECT_FALSE((*pool)->evict_idle()) << "the busy session is never evicted";
+  EXPECT_EQ(record.evicted.load(), 3);
+  EXPECT_TRUE(echoes(busy.theirs.get(), "still here"));
+}
+
+TEST(IoPoolTest, AddAfterStopClosesTheSession) {
+  Record record;
+  auto pool = IoPool::create(1);
+  ASSERT_TRUE(pool.ok());
+  (*pool)->stop();
+  Pair p = socket_pair();
+  (*pool)->add(std::make_unique<EchoSession>(std::move(p.ours), &record));
+  EXPECT_EQ(record.destroyed.load(), 1);
+  EXPECT_TRUE(closed_within_5s(p.theirs.get()));
+}
+
+TEST(IoPoolTest, ServeOnThisThreadRunsOneSessionToItsEnd) {
+  Record record;
+  Pair p = socket_pair();
+  EchoSession session(std::move(p.ours), &record, Clock::now() + 300ms);
+  std::thread server([&] { serve_on_this_thread(session); });
+  EXPECT_TRUE(echoes(p.theirs.get(), "hello"));
+  server.join();  // the deadline ends it
+  EXPECT_EQ(record.timeouts.load(), 1);
+}
+
+TEST(IoPoolTest, ThreadsDefaultToTheCoresWithinBounds) {
+  EXPECT_EQ(io_threads_for(3), 3);
+  const int automatic = io_threads_for(0);
+  EXPECT_GE(automatic, 4);
+  EXPECT_LE(automatic, 16);
+}
+
+}  // namespace
+}  // namespace rdmabuf
