@@ -19,8 +19,11 @@ constexpr uint64_t kStopId = 0;
 constexpr uint64_t kTimerId = ~uint64_t{0};
 
 uint32_t events_for(IoSession::Wait wait) {
-  const uint32_t base = EPOLLONESHOT | EPOLLRDHUP;
-  return base | (wait == IoSession::Wait::kWritable ? EPOLLOUT : EPOLLIN);
+  // Not EPOLLRDHUP with EPOLLOUT: a peer that has shut its side down and
+  // stopped reading would make the session ready again at every re-arm.
+  // (EPOLLHUP and EPOLLERR come whatever is asked.)
+  if (wait == IoSession::Wait::kWritable) return EPOLLONESHOT | EPOLLOUT;
+  return EPOLLONESHOT | EPOLLIN | EPOLLRDHUP;
 }
 
 // The pool whose thread this is, if any, and whether this thread holds its
@@ -209,6 +212,11 @@ void IoPool::remove(uint64_t id, Entry* entry) {
   }
   count_.fetch_sub(1, std::memory_order_relaxed);
   // `gone` closes the socket here, outside the lock.
+}
+
+size_t IoPool::idle_count() const {
+  std::lock_guard lock(mu_);
+  return idle_lru_.size();
 }
 
 bool IoPool::evict_idle() {

@@ -31,9 +31,10 @@ class IoSession {
   // The socket, owned by the session and closed when it is destroyed. The
   // same descriptor for the session's whole life.
   virtual int fd() const = 0;
-  // Runs when the socket is ready for what the last call asked for (and
-  // once when the session is added). Does what it can without waiting on
-  // the socket; says what to wait for next, or that the session is over.
+  // Runs when the socket is ready for what the last call asked for (a
+  // session just added waits until its socket is readable). Does what it
+  // can without waiting on the socket; says what to wait for next, or that
+  // the session is over. A wake-up may find nothing to do.
   virtual Wait on_ready() = 0;
   // Asked after on_ready or on_timeout returns a wait: the latest time the
   // readiness may come; past it, on_timeout runs instead. Deadline::max(): none.
@@ -68,6 +69,8 @@ class IoPool {
   bool evict_idle();
   // Sessions held, running or waiting.
   size_t size() const { return count_.load(std::memory_order_relaxed); }
+  // Sessions waiting idle (those evict_idle may close).
+  size_t idle_count() const;
   int threads() const { return static_cast<int>(threads_.size()); }
   // For a session's on_ready deciding whether to spin before it returns a
   // wait. On a pool thread: false while every other pool thread is busy

@@ -301,7 +301,12 @@ bool Stream::pump_send() {
     if (sent < 0) {
       if (err == EAGAIN || err == EWOULDBLOCK) break;
       if (err == EINTR) continue;
-      broken("connection to " + peer_->address.to_string() + " lost: " + errno_text(err));
+      // An owner that closed an idle connection said goodbye first: take
+      // that (and go again on a new connection) before calling it lost.
+      pump_recv();
+      if (sock_.valid()) {
+        broken("connection to " + peer_->address.to_string() + " lost: " + errno_text(err));
+      }
       return true;
     }
     progressed = true;

@@ -1,6 +1,8 @@
 #include "backends/tcp/server.h"
 
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -148,16 +150,25 @@ void ServerConnection::abort_pinned_io() {
 
 IoSession::Wait ServerConnection::on_ready() {
   BusyPoll poll(settings_.busy_poll);
+  bool progressed = false;
+  // Mid-frame waits are bounded: stall_timeout from the last progress (a
+  // wake-up that moved nothing does not extend it).
+  auto stall_deadline = [&] {
+    if (progressed || deadline_ == Deadline::max()) {
+      deadline_ = Clock::now() + settings_.stall_timeout;
+    }
+  };
   while (!settings_.stopping->load(std::memory_order_acquire)) {
     switch (advance()) {
       case Step::kProgress:
+        progressed = true;
         poll.activity();
         continue;
       case Step::kClosed:
         return Wait::kClose;
       case Step::kBlockedWrite:
-        // The reader is not taking its replies: that wait is bounded.
-        deadline_ = Clock::now() + settings_.stall_timeout;
+        // The reader is not taking its replies.
+        stall_deadline();
         release_receive_buffer();
         return Wait::kWritable;
       case Step::kBlockedRead:
@@ -165,13 +176,13 @@ IoSession::Wait ServerConnection::on_ready() {
         // microseconds away: spin for busy_poll before giving the thread
         // up, unless other connections need it.
         if (IoPool::may_spin() && poll.spin()) continue;
-        // Mid-request, the peer owes us bytes: that wait is bounded.
-        // Between requests the connection may idle for ever.
+        // Mid-request, the peer owes us bytes. Between requests the
+        // connection may idle for ever.
         if (between_requests()) {
           deadline_ = Deadline::max();
           release_idle_memory();
         } else {
-          deadline_ = Clock::now() + settings_.stall_timeout;
+          stall_deadline();
         }
         release_receive_buffer();
         return Wait::kReadable;
@@ -187,17 +198,28 @@ IoSession::Wait ServerConnection::on_timeout() {
 }
 
 bool ServerConnection::idle() const {
-  return between_requests() && out_.empty() && !flushing_ && !pin_.held();
+  // A connection that has not served a request yet is not idle: its reader
+  // is about to send one (else two readers could evict each other for ever).
+  return served_any_ && between_requests() && out_.empty() && !flushing_ && !pin_.held();
 }
 
 bool ServerConnection::on_evict() {
   uint8_t byte;
   if (::recv(fd_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) return false;  // a request came
-  // Nothing more is taken from this connection; the reader sends whatever
-  // it had in flight again on a new one.
+  // The goodbye must reach the reader whole, after every reply: only once
+  // the replies have all been sent (some may await their acknowledgement),
+  // and the goodbye went into the send buffer whole, is this connection
+  // closed; else it stays.
+  int unsent = 0;
+  if (::ioctl(fd_.get(), SIOCOUTQNSD, &unsent) != 0 || unsent != 0) return false;
   ResponseHeader bye{};
   bye.kind = kGoodbye;
-  (void)::send(fd_.get(), &bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT);
+  const ssize_t sent = ::send(fd_.get(), &bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (sent <= 0) return false;  // the reader has not taken its replies: nothing went
+  // (Part of a goodbye, in a send buffer all but full, cannot be taken
+  // back: the connection closes anyway, and its reader sees it cut.)
+  // Nothing more is taken from this connection; the reader sends whatever
+  // it had in flight again on a new one.
   ::shutdown(fd_.get(), SHUT_WR);
   return true;
 }
@@ -280,8 +302,7 @@ ServerConnection::Step ServerConnection::take_request() {
   rx_pos_ += buffered;
   const size_t rest = static_cast<size_t>(h.length - buffered);
   if (rest > 0) {
-    payload_ = PendingPayload{h, st.code(), st.ok() ? at + buffered : nullptr, rest};
-    if (abandoned()) return Step::kClosed;
+    payload_ = PendingPayload{h, st.code(), st.ok() ? at + buffered : nullptr, rest, true};
     // The reader may be waiting for earlier replies; do not make it wait
     // for this payload too.
     return out_.empty() ? Step::kProgress : start_flush();
@@ -299,6 +320,12 @@ ServerConnection::Step ServerConnection::after_request() {
 ServerConnection::Step ServerConnection::receive_payload() {
   // Every byte received before the payload is consumed (rx_pos_ == rx_end_),
   // so a refused write's bytes are discarded into rx_.
+  // Asked once the replies before it are sent (a reader that gave up
+  // while they went out has abandoned this write too).
+  if (payload_.check_abandoned) {
+    payload_.check_abandoned = false;
+    if (abandoned()) return Step::kClosed;
+  }
   const bool keep = payload_.at != nullptr;
   if (!keep && !rx_) rx_ = take_rx_buffer();
   void* into = keep ? static_cast<void*>(payload_.at) : static_cast<void*>(rx_.get());
@@ -386,6 +413,7 @@ void ServerConnection::append_external(const std::byte* data, size_t size, bool 
 }
 
 void ServerConnection::append_reply(const RequestHeader& h, StatusCode code, uint64_t payload) {
+  served_any_ = true;
   ResponseHeader r{};
   r.kind = static_cast<uint8_t>(h.kind | kResponseBit);
   r.status = static_cast<uint8_t>(code);

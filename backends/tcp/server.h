@@ -34,9 +34,10 @@ struct ServerSettings {
 // headers and small payloads copied into one buffer, large read payloads
 // straight from the registered memory (sent before any later write changes
 // those bytes); large write payloads are received straight into it.
-// Between requests it holds no buffer, no pin and no receive memory: an
-// idle connection costs its socket and a few hundred bytes, and may be
-// evicted (it says goodbye first; see protocol.h).
+// Between requests it holds no pin, no receive buffer and no large reply
+// arena: an idle connection costs its socket and a few hundred bytes (plus
+// its staging ring, once it has served GPU memory), and may be evicted (it
+// says goodbye first; see protocol.h).
 //
 // A buffer in GPU memory is reached through a StagingRing of pinned memory
 // instead: read payloads are copied out of the GPU asynchronously as the
@@ -78,6 +79,7 @@ class ServerConnection final : public IoSession, public PinAbort {
     StatusCode code = StatusCode::kOk;
     std::byte* at = nullptr;  // where it lands; null: discarded (refused)
     size_t left = 0;
+    bool check_abandoned = false;  // before its first byte is received
   };
 
   // One step: sends gathered output, receives a payload, takes one
@@ -139,6 +141,7 @@ class ServerConnection final : public IoSession, public PinAbort {
   size_t rx_pos_ = 0;
   size_t rx_end_ = 0;
   bool checked_abandoned_ = false;  // since the last bytes received
+  bool served_any_ = false;         // a reply has been gathered
   PendingPayload payload_;
 
   std::vector<uint8_t> tx_;

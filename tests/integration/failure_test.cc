@@ -770,7 +770,9 @@ TEST(FailureTest, AtTheConnectionLimitIdleConnectionsMakeRoom) {
 TEST(FailureTest, MoreBusyConnectionsThanTheLimit) {
   // (Quiet: the owner logs a warning for every refused connection.)
   auto limited =
-      start_peer({{1 << 20, 101}}, {"RDMABUF_MAX_CONNECTIONS=1", "RDMABUF_LOG_LEVEL=error"});
+      start_peer({{1 << 20, 101}}, {"RDMABUF_MAX_CONNECTIONS=1", "RDMABUF_LOG_LEVEL=error",
+                                    // the busy connection outlives the attempts
+                                    "RDMABUF_IO_STALL_TIMEOUT_MS=120000"});
   ASSERT_NE(limited, nullptr);
   auto open = start_peer({{1 << 20, 102}});
   ASSERT_NE(open, nullptr);

@@ -82,15 +82,18 @@ class EchoSession final : public IoSession {
   }
   bool idle() const override { return evictable_; }
   bool on_evict() override {
+    if (refuse_eviction_) return false;  // "a request came meanwhile"
     record_->evicted.fetch_add(1);
     return true;
   }
+  void refuse_eviction() { refuse_eviction_ = true; }
 
  private:
   Fd fd_;
   Record* record_;
   Deadline deadline_;
   bool evictable_;
+  bool refuse_eviction_ = false;
   std::atomic<bool> running_{false};
 };
 
@@ -201,9 +204,14 @@ TEST(IoPoolTest, EvictionClosesTheIdleSessionThatWaitedLongest) {
   }
   // A session is idle once it has run and waits again: have each run, the
   // first last, so that the second has waited longest.
+  size_t waiting_idle = 0;
   for (int i : {1, 2, 0}) {
     ASSERT_TRUE(echoes(idle[i].theirs.get(), "x"));
-    std::this_thread::sleep_for(20ms);  // it waits again before the next runs
+    // It waits, idle, again before the next runs.
+    ++waiting_idle;
+    for (int k = 0; k < 5000 && (*pool)->idle_count() < waiting_idle; ++k)
+      std::this_thread::sleep_for(1ms);
+    ASSERT_EQ((*pool)->idle_count(), waiting_idle);
   }
   ASSERT_TRUE(echoes(busy.theirs.get(), "x"));
   for (int i : {1, 2, 0}) {
@@ -213,6 +221,28 @@ TEST(IoPoolTest, EvictionClosesTheIdleSessionThatWaitedLongest) {
   EXPECT_FALSE((*pool)->evict_idle()) << "the busy session is never evicted";
   EXPECT_EQ(record.evicted.load(), 3);
   EXPECT_TRUE(echoes(busy.theirs.get(), "still here"));
+}
+
+TEST(IoPoolTest, ASessionThatTurnsOutBusyIsKeptAndTheNextIdleOneGoes) {
+  Record record;
+  auto pool = IoPool::create(2);
+  ASSERT_TRUE(pool.ok());
+  Pair first = socket_pair(), second = socket_pair();
+  auto refusing = std::make_unique<EchoSession>(std::move(first.ours), &record);
+  refusing->refuse_eviction();
+  (*pool)->add(std::move(refusing));
+  (*pool)->add(std::make_unique<EchoSession>(std::move(second.ours), &record));
+  ASSERT_TRUE(echoes(first.theirs.get(), "x"));
+  for (int k = 0; k < 5000 && (*pool)->idle_count() < 1; ++k)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(echoes(second.theirs.get(), "x"));
+  for (int k = 0; k < 5000 && (*pool)->idle_count() < 2; ++k)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ((*pool)->idle_count(), 2u);
+  EXPECT_TRUE((*pool)->evict_idle());
+  EXPECT_TRUE(closed_within_5s(second.theirs.get()));
+  EXPECT_EQ(record.evicted.load(), 1);
+  EXPECT_TRUE(echoes(first.theirs.get(), "kept, and served"));
 }
 
 TEST(IoPoolTest, AddAfterStopClosesTheSession) {
@@ -229,7 +259,7 @@ TEST(IoPoolTest, AddAfterStopClosesTheSession) {
 TEST(IoPoolTest, ServeOnThisThreadRunsOneSessionToItsEnd) {
   Record record;
   Pair p = socket_pair();
-  EchoSession session(std::move(p.ours), &record, Clock::now() + 300ms);
+  EchoSession session(std::move(p.ours), &record, Clock::now() + 2s);
   std::thread server([&] { serve_on_this_thread(session); });
   EXPECT_TRUE(echoes(p.theirs.get(), "hello"));
   server.join();  // the deadline ends it
