@@ -32,8 +32,6 @@ constexpr uint64_t kInlineReply = 16 << 10;
 // Gathered replies are sent once this many bytes or pieces are waiting.
 constexpr size_t kFlushAtBytes = 4 << 20;
 constexpr size_t kMaxIov = 64;
-// An idle connection keeps a reply arena up to this size; a larger one goes.
-constexpr size_t kKeepIdleTx = 64 << 10;
 // Receive buffers given back by idle connections wait here for the next
 // connection with work, up to this many; more are freed.
 constexpr size_t kSpareRxBuffers = 32;
@@ -231,8 +229,8 @@ void ServerConnection::release_receive_buffer() {
 }
 
 void ServerConnection::release_idle_memory() {
-  if (tx_.capacity() > kKeepIdleTx) give_tx_arena(tx_);
-  if (out_.capacity() > kMaxIov) std::vector<OutSegment>().swap(out_);
+  if (tx_.capacity() > 0) give_tx_arena(tx_);
+  if (out_.capacity() > 8) std::vector<OutSegment>().swap(out_);
 }
 
 ServerConnection::Step ServerConnection::advance() {
@@ -394,7 +392,7 @@ Status ServerConnection::resolve(const RequestHeader& h, std::byte** at) {
 }
 
 void ServerConnection::append_bytes(const void* data, size_t size) {
-  if (tx_.empty() && tx_.capacity() < kKeepIdleTx) swap_in_tx_arena(tx_);
+  if (tx_.capacity() == 0) swap_in_tx_arena(tx_);
   size_t at = tx_.size();
   tx_.resize(at + size);
   std::memcpy(tx_.data() + at, data, size);

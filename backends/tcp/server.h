@@ -34,10 +34,10 @@ struct ServerSettings {
 // headers and small payloads copied into one buffer, large read payloads
 // straight from the registered memory (sent before any later write changes
 // those bytes); large write payloads are received straight into it.
-// Between requests it holds no pin, no receive buffer and no large reply
-// arena: an idle connection costs its socket and a few hundred bytes (plus
-// its staging ring, once it has served GPU memory), and may be evicted (it
-// says goodbye first; see protocol.h).
+// Between requests it holds no pin, no receive buffer and no reply arena
+// (they go back to shared spare lists): an idle connection costs its socket
+// and under a kilobyte (plus its staging ring, once it has served GPU
+// memory), and may be evicted (it says goodbye first; see protocol.h).
 //
 // A buffer in GPU memory is reached through a StagingRing of pinned memory
 // instead: read payloads are copied out of the GPU asynchronously as the
