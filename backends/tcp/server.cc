@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "common/futex.h"
 #include "common/log.h"
@@ -32,59 +33,46 @@ constexpr uint64_t kInlineReply = 16 << 10;
 // Gathered replies are sent once this many bytes or pieces are waiting.
 constexpr size_t kFlushAtBytes = 4 << 20;
 constexpr size_t kMaxIov = 64;
-// Receive buffers given back by idle connections wait here for the next
-// connection with work, up to this many; more are freed.
-constexpr size_t kSpareRxBuffers = 32;
+// Memory that connections give back while they wait (receive buffers,
+// reply arenas), kept for the next connection with work (allocating again
+// for every burst costs page faults, and growing an arena copies): up to
+// kSpares of each kind; more are freed.
+constexpr size_t kSpares = 32;
 
-std::mutex spare_rx_mu;  // guards both spare lists
-std::vector<std::unique_ptr<uint8_t[]>>& spare_rx_buffers() {
-  static auto* spares = new std::vector<std::unique_ptr<uint8_t[]>>;  // never destroyed
+template <typename T>
+class SpareList {
+ public:
+  // A spare, or an empty T when none waits.
+  T take() {
+    std::lock_guard lock(mu_);
+    if (spares_.empty()) return T{};
+    T spare = std::move(spares_.back());
+    spares_.pop_back();
+    return spare;
+  }
+  void give(T spare) {
+    std::lock_guard lock(mu_);
+    if (spares_.size() < kSpares) spares_.push_back(std::move(spare));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<T> spares_;
+};
+
+// Never destroyed: connections may give back after static destructors ran.
+SpareList<std::unique_ptr<uint8_t[]>>& spare_rx_buffers() {
+  static auto* spares = new SpareList<std::unique_ptr<uint8_t[]>>;
+  return *spares;
+}
+SpareList<std::vector<uint8_t>>& spare_tx_arenas() {
+  static auto* spares = new SpareList<std::vector<uint8_t>>;
   return *spares;
 }
 
 std::unique_ptr<uint8_t[]> take_rx_buffer() {
-  {
-    std::lock_guard lock(spare_rx_mu);
-    auto& spares = spare_rx_buffers();
-    if (!spares.empty()) {
-      auto buffer = std::move(spares.back());
-      spares.pop_back();
-      return buffer;
-    }
-  }
-  return std::unique_ptr<uint8_t[]>(new uint8_t[kRxBytes]);
-}
-
-void give_rx_buffer(std::unique_ptr<uint8_t[]> buffer) {
-  if (!buffer) return;
-  std::lock_guard lock(spare_rx_mu);
-  auto& spares = spare_rx_buffers();
-  if (spares.size() < kSpareRxBuffers) spares.push_back(std::move(buffer));
-}
-
-// Reply arenas of idle connections, kept with their capacity for the next
-// busy one (growing an arena again for every burst costs copies and page
-// faults); as many as receive buffers.
-std::vector<std::vector<uint8_t>>& spare_tx_arenas() {
-  static auto* spares = new std::vector<std::vector<uint8_t>>;  // never destroyed
-  return *spares;
-}
-
-void swap_in_tx_arena(std::vector<uint8_t>& arena) {
-  std::lock_guard lock(spare_rx_mu);
-  auto& spares = spare_tx_arenas();
-  if (spares.empty()) return;
-  arena.swap(spares.back());
-  spares.pop_back();
-}
-
-void give_tx_arena(std::vector<uint8_t>& arena) {
-  std::vector<uint8_t> gone;
-  gone.swap(arena);
-  gone.clear();
-  std::lock_guard lock(spare_rx_mu);
-  auto& spares = spare_tx_arenas();
-  if (spares.size() < kSpareRxBuffers) spares.push_back(std::move(gone));
+  auto buffer = spare_rx_buffers().take();
+  return buffer ? std::move(buffer) : std::unique_ptr<uint8_t[]>(new uint8_t[kRxBytes]);
 }
 
 // ThreadSanitizer's view of a registered buffer's bytes. Peers order their
@@ -139,7 +127,7 @@ ServerConnection::~ServerConnection() {
   // Cut short, copies from the GPU may still run: they end before the pin
   // that keeps their memory goes.
   (void)staging_.wait_all();
-  give_rx_buffer(std::move(rx_));
+  if (rx_) spare_rx_buffers().give(std::move(rx_));
 }
 
 void ServerConnection::abort_pinned_io() {
@@ -225,11 +213,14 @@ bool ServerConnection::on_evict() {
 void ServerConnection::release_receive_buffer() {
   if (rx_pos_ != rx_end_) return;  // part of a request waits there
   rx_pos_ = rx_end_ = 0;
-  give_rx_buffer(std::move(rx_));
+  if (rx_) spare_rx_buffers().give(std::move(rx_));
 }
 
 void ServerConnection::release_idle_memory() {
-  if (tx_.capacity() > 0) give_tx_arena(tx_);
+  if (tx_.capacity() > 0) {
+    tx_.clear();
+    spare_tx_arenas().give(std::exchange(tx_, {}));
+  }
   if (out_.capacity() > 8) std::vector<OutSegment>().swap(out_);
 }
 
@@ -392,7 +383,7 @@ Status ServerConnection::resolve(const RequestHeader& h, std::byte** at) {
 }
 
 void ServerConnection::append_bytes(const void* data, size_t size) {
-  if (tx_.capacity() == 0) swap_in_tx_arena(tx_);
+  if (tx_.capacity() == 0) tx_ = spare_tx_arenas().take();
   size_t at = tx_.size();
   tx_.resize(at + size);
   std::memcpy(tx_.data() + at, data, size);
@@ -566,7 +557,6 @@ bool ServerConnection::flush_blocking() {
   while (true) {
     switch (send_some()) {
       case Step::kProgress:
-        flushing_ = false;
         return true;
       case Step::kBlockedWrite:
         if (!wait(POLLOUT)) return false;

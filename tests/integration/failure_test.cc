@@ -16,8 +16,6 @@
 
 #include "backends/tcp/protocol.h"
 #include "common/crc32c.h"
-#include "common/hello.h"
-#include "common/socket.h"
 #include "tests/helpers/forge.h"
 #include "tests/integration/integration.h"
 
@@ -710,114 +708,6 @@ TEST(FailureTest, ForgedAddressDoesNotRedirectGenuineHandles) {
       EXPECT_NE(token, genuine.token()) << "the genuine token was sent to the forger's address";
   }
   expect_clean_exit(*peer);
-}
-
-// A tcp data connection to `owner` that has sent half a request and then
-// nothing: busy (mid-frame) until the owner's stall timeout, never idle.
-Fd half_a_request_to(const RemoteBuffer& owner) {
-  auto where = parse_host_port(owner.owner().address);
-  if (!where.ok()) return Fd();
-  auto fd = connect_tcp(*where, Clock::now() + kTimeout);
-  if (!fd.ok()) return Fd();
-  Hello hello{Channel::kTcpData, 7, owner.owner().manager_id};
-  if (!exchange_hello(fd->get(), hello, Clock::now() + kTimeout).ok()) return Fd();
-  const uint8_t half[20] = {static_cast<uint8_t>(tcp::RequestKind::kRead)};
-  if (::send(fd->get(), half, sizeof half, MSG_NOSIGNAL) != sizeof half) return Fd();
-  return std::move(fd).value();
-}
-
-// An owner at RDMABUF_MAX_CONNECTIONS=2 with three readers taking turns:
-// each new connection closes the idle one that waited longest, and its
-// reader reconnects on its next op without an error. Bytes are checked.
-TEST(FailureTest, AtTheConnectionLimitIdleConnectionsMakeRoom) {
-  auto limited = start_peer({{1 << 20, 103}}, {"RDMABUF_MAX_CONNECTIONS=2"});
-  ASSERT_NE(limited, nullptr);
-  std::vector<std::unique_ptr<Manager>> readers;
-  for (int i = 0; i < 3; ++i) {
-    readers.push_back(make_manager([](Config& c) { c.tcp_streams = 1; }));
-    ASSERT_NE(readers.back(), nullptr);
-  }
-  for (int round = 0; round < 60; ++round) {
-    Manager& reader = *readers[round % 3];
-    LocalMemory dst = allocate(64 << 10);
-    const uint64_t offset = (round % 16) * (64 << 10);
-    Status s = reader.read_into(slice(limited->handle(0), offset, 64 << 10), dst, kTimeout);
-    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.to_string();
-    ASSERT_EQ(find_mismatch(dst.span(), 103, offset), std::nullopt) << "round " << round;
-    // Writes too: each reader writes its round number where it read.
-    LocalMemory src = allocate(4096);
-    std::memset(src.data(), round, src.size());
-    s = reader.write_from(slice(limited->handle(0), offset, 4096), src, kTimeout);
-    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.to_string();
-    LocalMemory back = allocate(4096);
-    s = readers[(round + 1) % 3]->read_into(slice(limited->handle(0), offset, 4096), back,
-                                            kTimeout);
-    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.to_string();
-    EXPECT_EQ(std::memcmp(back.data(), src.data(), 4096), 0) << "round " << round;
-    // Put the pattern back for the next read of this range.
-    LocalMemory again = allocate(4096);
-    fill_pattern(again.span(), 103, offset);
-    s = reader.write_from(slice(limited->handle(0), offset, 4096), again, kTimeout);
-    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.to_string();
-  }
-  expect_clean_exit(*limited);
-}
-
-// An owner at RDMABUF_MAX_CONNECTIONS=1 whose one connection is busy
-// (mid-request): a reader gets a clear ResourceExhausted naming the limit,
-// every time; other owners are unaffected; once the busy connection goes,
-// the reader gets in.
-TEST(FailureTest, MoreBusyConnectionsThanTheLimit) {
-  // (Quiet: the owner logs a warning for every refused connection.)
-  auto limited =
-      start_peer({{1 << 20, 101}}, {"RDMABUF_MAX_CONNECTIONS=1", "RDMABUF_LOG_LEVEL=error",
-                                    // the busy connection outlives the attempts
-                                    "RDMABUF_IO_STALL_TIMEOUT_MS=120000"});
-  ASSERT_NE(limited, nullptr);
-  auto open = start_peer({{1 << 20, 102}});
-  ASSERT_NE(open, nullptr);
-  auto reader = make_manager([](Config& c) { c.tcp_streams = 1; });
-  ASSERT_TRUE(reader);
-  Fd busy = half_a_request_to(limited->handle(0));
-  ASSERT_TRUE(busy.valid());
-
-  LocalMemory dst = allocate(1 << 20);
-  int exhausted = 0;
-  std::string other;
-  constexpr int kAttempts = 200;
-  for (int i = 0; i < kAttempts; ++i) {
-    LocalMemory probe = with_sentinel(4096);
-    Status s = reader->read_into(slice(limited->handle(0), 0, 4096), probe, kTimeout);
-    if (s.code() == StatusCode::kResourceExhausted) {
-      ++exhausted;
-      EXPECT_NE(s.message().find("RDMABUF_MAX_CONNECTIONS"), std::string::npos) << s.to_string();
-    } else if (other.empty()) {
-      other = s.to_string();
-    }
-    EXPECT_EQ(find_not(probe.span(), kSentinel), std::nullopt);
-  }
-  // Regression: a bug this suite found at 1bfea06 (fixed in wait_fd). A few
-  // percent of refusals arrived as "Unavailable: ... Connection reset by
-  // peer": the listener closes a refused connection without reading its
-  // hello, so the kernel sends a RST after the reply, and wait_fd reported
-  // POLLERR before the queued reply could be read (see
-  // SocketTest.DataBeforeAResetIsStillReadable). Hence many attempts.
-  EXPECT_EQ(exhausted, kAttempts) << "other outcome: " << other;
-
-  ASSERT_TRUE(reader->read_into(open->handle(0), dst, kTimeout).ok()) << "another owner";
-  EXPECT_EQ(find_mismatch(dst.span(), 102), std::nullopt);
-  // Once the busy connection goes, the reader gets in.
-  busy.reset();
-  Status s;
-  for (int i = 0; i < 100; ++i) {
-    s = reader->read_into(limited->handle(0), dst, kTimeout);
-    if (s.ok()) break;
-    std::this_thread::sleep_for(20ms);
-  }
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  EXPECT_EQ(find_mismatch(dst.span(), 101), std::nullopt);
-  expect_clean_exit(*limited);
-  expect_clean_exit(*open);
 }
 
 }  // namespace

@@ -129,19 +129,36 @@ bool closed_within_5s(int fd) {
   return false;
 }
 
-TEST(IoPoolTest, ManySessionsOnTwoThreadsEachOnOneThreadAtATime) {
-  Record record;
-  auto pool = IoPool::create(2);
-  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+// The number of idle sessions once `count` of them wait (within 5 s).
+size_t idle_once(const IoPool& pool, size_t count) {
+  for (int k = 0; k < 5000 && pool.idle_count() < count; ++k)
+    std::this_thread::sleep_for(1ms);
+  return pool.idle_count();
+}
+
+// A pool of two threads, and what its sessions record.
+class IoPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto pool = IoPool::create(2);
+    ASSERT_TRUE(pool.ok()) << pool.status().to_string();
+    pool_ = std::move(pool).value();
+  }
+
+  Record record_;
+  std::unique_ptr<IoPool> pool_;
+};
+
+TEST_F(IoPoolTest, ManySessionsOnTwoThreadsEachOnOneThreadAtATime) {
   constexpr int kSessions = 300;
   std::vector<Fd> peers;
   for (int i = 0; i < kSessions; ++i) {
     Pair p = socket_pair();
-    (*pool)->add(std::make_unique<EchoSession>(std::move(p.ours), &record));
+    pool_->add(std::make_unique<EchoSession>(std::move(p.ours), &record_));
     peers.push_back(std::move(p.theirs));
   }
-  EXPECT_EQ((*pool)->size(), size_t{kSessions});
-  EXPECT_EQ((*pool)->threads(), 2);
+  EXPECT_EQ(pool_->size(), size_t{kSessions});
+  EXPECT_EQ(pool_->threads(), 2);
   // Every session, several times over, from several threads at once.
   std::vector<std::thread> clients;
   std::atomic<int> failures{0};
@@ -158,49 +175,43 @@ TEST(IoPoolTest, ManySessionsOnTwoThreadsEachOnOneThreadAtATime) {
   for (auto& c : clients)
     c.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(record.overlaps.load(), 0);
+  EXPECT_EQ(record_.overlaps.load(), 0);
   {
-    std::lock_guard lock(record.mu);
-    EXPECT_LE(record.threads.size(), 2u);
+    std::lock_guard lock(record_.mu);
+    EXPECT_LE(record_.threads.size(), 2u);
   }
   // A peer that hangs up ends its session.
   peers[0].reset();
-  for (int i = 0; i < 500 && (*pool)->size() != size_t{kSessions - 1}; ++i)
+  for (int i = 0; i < 500 && pool_->size() != size_t{kSessions - 1}; ++i)
     std::this_thread::sleep_for(1ms);
-  EXPECT_EQ((*pool)->size(), size_t{kSessions - 1});
-  (*pool)->stop();
-  EXPECT_EQ(record.destroyed.load(), kSessions);
-  EXPECT_EQ((*pool)->size(), 0u);
+  EXPECT_EQ(pool_->size(), size_t{kSessions - 1});
+  pool_->stop();
+  EXPECT_EQ(record_.destroyed.load(), kSessions);
+  EXPECT_EQ(pool_->size(), 0u);
 }
 
-TEST(IoPoolTest, ASessionPastItsDeadlineTimesOutAndTheOthersGoOn) {
-  Record record;
-  auto pool = IoPool::create(2);
-  ASSERT_TRUE(pool.ok());
+TEST_F(IoPoolTest, ASessionPastItsDeadlineTimesOutAndTheOthersGoOn) {
   Pair late = socket_pair();
   Pair fine = socket_pair();
   const auto start = Clock::now();
-  (*pool)->add(std::make_unique<EchoSession>(std::move(late.ours), &record, start + 200ms));
-  (*pool)->add(std::make_unique<EchoSession>(std::move(fine.ours), &record));
+  pool_->add(std::make_unique<EchoSession>(std::move(late.ours), &record_, start + 200ms));
+  pool_->add(std::make_unique<EchoSession>(std::move(fine.ours), &record_));
   EXPECT_TRUE(closed_within_5s(late.theirs.get()));
   const auto took = Clock::now() - start;
   EXPECT_GE(took, 190ms);
   EXPECT_LT(took, 3s);
-  EXPECT_EQ(record.timeouts.load(), 1);
+  EXPECT_EQ(record_.timeouts.load(), 1);
   EXPECT_TRUE(echoes(fine.theirs.get(), "still here"));
 }
 
-TEST(IoPoolTest, EvictionClosesTheIdleSessionThatWaitedLongest) {
-  Record record;
-  auto pool = IoPool::create(2);
-  ASSERT_TRUE(pool.ok());
+TEST_F(IoPoolTest, EvictionClosesTheIdleSessionThatWaitedLongest) {
   Pair busy = socket_pair();
-  (*pool)->add(std::make_unique<EchoSession>(std::move(busy.ours), &record, Deadline::max(),
-                                             /*evictable=*/false));
+  pool_->add(std::make_unique<EchoSession>(std::move(busy.ours), &record_, Deadline::max(),
+                                           /*evictable=*/false));
   std::vector<Pair> idle;
   for (int i = 0; i < 3; ++i) {
     idle.push_back(socket_pair());
-    (*pool)->add(std::make_unique<EchoSession>(std::move(idle.back().ours), &record));
+    pool_->add(std::make_unique<EchoSession>(std::move(idle.back().ours), &record_));
   }
   // A session is idle once it has run and waits again: have each run, the
   // first last, so that the second has waited longest.
@@ -209,64 +220,52 @@ TEST(IoPoolTest, EvictionClosesTheIdleSessionThatWaitedLongest) {
     ASSERT_TRUE(echoes(idle[i].theirs.get(), "x"));
     // It waits, idle, again before the next runs.
     ++waiting_idle;
-    for (int k = 0; k < 5000 && (*pool)->idle_count() < waiting_idle; ++k)
-      std::this_thread::sleep_for(1ms);
-    ASSERT_EQ((*pool)->idle_count(), waiting_idle);
+    ASSERT_EQ(idle_once(*pool_, waiting_idle), waiting_idle);
   }
   ASSERT_TRUE(echoes(busy.theirs.get(), "x"));
   for (int i : {1, 2, 0}) {
-    EXPECT_TRUE((*pool)->evict_idle());
+    EXPECT_TRUE(pool_->evict_idle());
     EXPECT_TRUE(closed_within_5s(idle[i].theirs.get())) << "session " << i;
   }
-  EXPECT_FALSE((*pool)->evict_idle()) << "the busy session is never evicted";
-  EXPECT_EQ(record.evicted.load(), 3);
+  EXPECT_FALSE(pool_->evict_idle()) << "the busy session is never evicted";
+  EXPECT_EQ(record_.evicted.load(), 3);
   EXPECT_TRUE(echoes(busy.theirs.get(), "still here"));
 }
 
-TEST(IoPoolTest, ASessionThatTurnsOutBusyIsKeptAndTheNextIdleOneGoes) {
-  Record record;
-  auto pool = IoPool::create(2);
-  ASSERT_TRUE(pool.ok());
+TEST_F(IoPoolTest, ASessionThatTurnsOutBusyIsKeptAndTheNextIdleOneGoes) {
   Pair first = socket_pair(), second = socket_pair();
-  auto refusing = std::make_unique<EchoSession>(std::move(first.ours), &record);
+  auto refusing = std::make_unique<EchoSession>(std::move(first.ours), &record_);
   refusing->refuse_eviction();
-  (*pool)->add(std::move(refusing));
-  (*pool)->add(std::make_unique<EchoSession>(std::move(second.ours), &record));
+  pool_->add(std::move(refusing));
+  pool_->add(std::make_unique<EchoSession>(std::move(second.ours), &record_));
   ASSERT_TRUE(echoes(first.theirs.get(), "x"));
-  for (int k = 0; k < 5000 && (*pool)->idle_count() < 1; ++k)
-    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(idle_once(*pool_, 1), 1u);
   ASSERT_TRUE(echoes(second.theirs.get(), "x"));
-  for (int k = 0; k < 5000 && (*pool)->idle_count() < 2; ++k)
-    std::this_thread::sleep_for(1ms);
-  ASSERT_EQ((*pool)->idle_count(), 2u);
-  EXPECT_TRUE((*pool)->evict_idle());
+  ASSERT_EQ(idle_once(*pool_, 2), 2u);
+  EXPECT_TRUE(pool_->evict_idle());
   EXPECT_TRUE(closed_within_5s(second.theirs.get()));
-  EXPECT_EQ(record.evicted.load(), 1);
+  EXPECT_EQ(record_.evicted.load(), 1);
   EXPECT_TRUE(echoes(first.theirs.get(), "kept, and served"));
 }
 
-TEST(IoPoolTest, AddAfterStopClosesTheSession) {
-  Record record;
-  auto pool = IoPool::create(1);
-  ASSERT_TRUE(pool.ok());
-  (*pool)->stop();
+TEST_F(IoPoolTest, AddAfterStopClosesTheSession) {
+  pool_->stop();
   Pair p = socket_pair();
-  (*pool)->add(std::make_unique<EchoSession>(std::move(p.ours), &record));
-  EXPECT_EQ(record.destroyed.load(), 1);
+  pool_->add(std::make_unique<EchoSession>(std::move(p.ours), &record_));
+  EXPECT_EQ(record_.destroyed.load(), 1);
   EXPECT_TRUE(closed_within_5s(p.theirs.get()));
 }
 
-TEST(IoPoolTest, ServeOnThisThreadRunsOneSessionToItsEnd) {
-  Record record;
+TEST_F(IoPoolTest, ServeOnThisThreadRunsOneSessionToItsEnd) {
   Pair p = socket_pair();
-  EchoSession session(std::move(p.ours), &record, Clock::now() + 2s);
+  EchoSession session(std::move(p.ours), &record_, Clock::now() + 2s);
   std::thread server([&] { serve_on_this_thread(session); });
   EXPECT_TRUE(echoes(p.theirs.get(), "hello"));
   server.join();  // the deadline ends it
-  EXPECT_EQ(record.timeouts.load(), 1);
+  EXPECT_EQ(record_.timeouts.load(), 1);
 }
 
-TEST(IoPoolTest, ThreadsDefaultToTheCoresWithinBounds) {
+TEST_F(IoPoolTest, ThreadsDefaultToTheCoresWithinBounds) {
   EXPECT_EQ(io_threads_for(3), 3);
   const int automatic = io_threads_for(0);
   EXPECT_GE(automatic, 4);
