@@ -102,6 +102,21 @@ bool take_into(int fd, std::vector<uint8_t>& out) {
   }
 }
 
+// Takes the reader's next connection and its hello (as docs/wire-format.md
+// says it) and answers it with `reply`.
+Fd accept_reader(OwnerListener& listener, Deadline deadline, const Status& reply) {
+  Fd conn(::accept4(listener.fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  RDMABUF_FUZZ_CHECK(conn.valid());
+  uint8_t hello[24];
+  RDMABUF_FUZZ_CHECK(recv_exact(conn.get(), hello, sizeof hello, deadline).ok());
+  RDMABUF_FUZZ_CHECK(std::memcmp(hello, "RBHI", 4) == 0);
+  RDMABUF_FUZZ_CHECK(load<uint16_t>(hello, 4) == 1 && hello[6] == 2 && hello[7] == 0);
+  RDMABUF_FUZZ_CHECK(load<uint64_t>(hello, 8) == kReaderId);
+  RDMABUF_FUZZ_CHECK(load<uint64_t>(hello, 16) == kOwnerId);
+  RDMABUF_FUZZ_CHECK(send_hello_reply(conn.get(), kOwnerId, reply, deadline).ok());
+  return conn;
+}
+
 }  // namespace
 
 // --- Sockets ----------------------------------------------------------------
@@ -398,39 +413,42 @@ ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replie
                    kHangMs, transfer->op_status(0).to_string().c_str());
       RDMABUF_FUZZ_CHECK(false);
     }
-    Fd conn(::accept4(listener.fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    RDMABUF_FUZZ_CHECK(conn.valid());
-    uint8_t hello[24];
-    RDMABUF_FUZZ_CHECK(recv_exact(conn.get(), hello, sizeof hello, deadline).ok());
-    // The reader's hello, as docs/wire-format.md says it.
-    RDMABUF_FUZZ_CHECK(std::memcmp(hello, "RBHI", 4) == 0);
-    RDMABUF_FUZZ_CHECK(load<uint16_t>(hello, 4) == 1 && hello[6] == 2 && hello[7] == 0);
-    RDMABUF_FUZZ_CHECK(load<uint64_t>(hello, 8) == kReaderId);
-    RDMABUF_FUZZ_CHECK(load<uint64_t>(hello, 16) == kOwnerId);
-    RDMABUF_FUZZ_CHECK(send_hello_reply(conn.get(), kOwnerId, Status::Ok(), deadline).ok());
+    Fd conn = accept_reader(listener, deadline, Status::Ok());
     while (outcome.requests.size() < expect_requests) {
       RDMABUF_FUZZ_CHECK(wait_fd(conn.get(), POLLIN, deadline).ok());
       RDMABUF_FUZZ_CHECK(take_into(conn.get(), outcome.requests));
     }
     size_t sent = 0;
     bool open = true;
+    // A reader that read a goodbye among `replies` goes again on a new
+    // connection: this owner serves one, so it refuses the others at their
+    // hello (and the reader fails what it had left with kRefusedAgain).
+    auto refuse_another = [&] {
+      accept_reader(listener, deadline,
+                    Status(kRefusedAgain, "this owner serves one connection"));
+    };
     while (open && sent < replies.size() && Clock::now() < deadline) {
-      pollfd q{conn.get(), POLLIN | POLLOUT, 0};
-      if (::poll(&q, 1, kHangMs) <= 0) continue;
-      if (q.revents & POLLOUT) {
+      pollfd q[2] = {{conn.get(), POLLIN | POLLOUT, 0}, {listener.fd.get(), POLLIN, 0}};
+      if (::poll(q, 2, kHangMs) <= 0) continue;
+      if (q[0].revents & POLLOUT) {
         ssize_t n = ::send(conn.get(), replies.data() + sent, replies.size() - sent,
                            MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n > 0) sent += static_cast<size_t>(n);
         if (n < 0 && errno != EAGAIN && errno != EINTR) open = false;  // the reader hung up
       }
-      if (q.revents & (POLLIN | POLLHUP | POLLERR)) open = take_into(conn.get(), outcome.requests);
+      if (q[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+        open = take_into(conn.get(), outcome.requests);
+      }
+      if (q[1].revents & POLLIN) refuse_another();
     }
     ::shutdown(conn.get(), SHUT_WR);
     // Every op must now finish: its reply came, or the reader saw the end.
     while (!transfer->finished() && Clock::now() < deadline) {
-      pollfd q[2] = {{finished->get(), POLLIN, 0}, {conn.get(), POLLIN, 0}};
-      if (::poll(q, open ? 2 : 1, kHangMs) <= 0) continue;
-      if (q[1].revents) open = take_into(conn.get(), outcome.requests);
+      pollfd q[3] = {
+          {finished->get(), POLLIN, 0}, {listener.fd.get(), POLLIN, 0}, {conn.get(), POLLIN, 0}};
+      if (::poll(q, open ? 3 : 2, kHangMs) <= 0) continue;
+      if (q[1].revents & POLLIN) refuse_another();
+      if (q[2].revents) open = take_into(conn.get(), outcome.requests);
     }
     outcome.finished = transfer->finished();
     close_abortively(conn);

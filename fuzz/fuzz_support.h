@@ -143,9 +143,14 @@ struct ReaderOutcome {
 // `length` bytes are the op's.
 const std::vector<uint8_t>& initial_local(size_t op);
 
+// The status run_reader's owner refuses a second connection with, at its
+// hello: the reader opens one only after a goodbye.
+constexpr StatusCode kRefusedAgain = StatusCode::kResourceExhausted;
+
 // Runs `plan` with a real tcp::Peer (one stream) against a fake owner on a
 // loopback TCP socket. The owner answers the reader's hello with OK as
-// kOwnerId, sends `replies` as they are, and shuts its side down. Waits up
+// kOwnerId, sends `replies` as they are, and shuts its side down; it
+// refuses any further connection with kRefusedAgain. Waits up
 // to 10 s for every op to finish. With `expect_requests` > 0 the owner
 // first waits until it has read that many request bytes (for the corpus
 // generator; a fuzz run passes 0 and so never waits for the reader).

@@ -16,7 +16,10 @@
 // fields; a read's payload length equal to its length, and the payload
 // whole; a write's zero); a refusal the owner sent fails the op with the
 // owner's status; a malformed reply fails that and every later chunk with
-// ProtocolError, and the end of the stream with Unavailable; an OK read
+// ProtocolError, and the end of the stream with Unavailable; a goodbye
+// (kind 0xff, every other field zero) makes the reader send what is
+// unanswered again on a new connection, which the fake owner refuses at its
+// hello, failing those chunks with the refusal's status; an OK read
 // holds exactly the payload bytes the owner sent for it, a write's local
 // memory is as it was; and the reader sent exactly the requests of
 // docs/wire-format.md for the plan's chunks.
@@ -34,6 +37,7 @@ namespace rdmabuf::fuzz {
 namespace {
 
 constexpr size_t kResponse = 24;
+constexpr uint8_t kGoodbyeKind = 0xff;
 
 bool is_owner_status(uint8_t code) {
   return code == 0 || code == 1 || code == 2 || code == 3 || code == 11;
@@ -111,7 +115,14 @@ Expected reference_reader(const ReaderPlan& plan, std::span<const uint8_t> repli
         pos += kResponse;
         const uint8_t status = h[1];
         const uint64_t payload = load<uint64_t>(h, 16);
-        if (load<uint64_t>(h, 8) != request_id || h[0] != ((c.write ? 2 : 1) | 0x80) ||
+        const bool zero_fields = status == 0 && load<uint16_t>(h, 2) == 0 &&
+                                 load<uint32_t>(h, 4) == 0 && load<uint64_t>(h, 8) == 0 &&
+                                 payload == 0;
+        if (h[0] == kGoodbyeKind && zero_fields) {
+          // The owner closes this connection: the reader sends what is
+          // unanswered again on a new one, which this owner refuses.
+          code = broken = kRefusedAgain;
+        } else if (load<uint64_t>(h, 8) != request_id || h[0] != ((c.write ? 2 : 1) | 0x80) ||
             load<uint16_t>(h, 2) != 0 || load<uint32_t>(h, 4) != 0 || !is_owner_status(status) ||
             (status != 0 && payload != 0) || (status == 0 && c.write && payload != 0) ||
             (status == 0 && !c.write && payload != c.length)) {

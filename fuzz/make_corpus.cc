@@ -236,6 +236,14 @@ void write_tcp_frames(CorpusWriter& out) {
   servers.emplace_back("refusals.bin", refused);
   clients.emplace_back("refusals.bin", joined({plans[0].plan.encode(), serve_requests(refused)}));
 
+  // A goodbye after the first reply of four_small_ops (a read of 1 byte):
+  // the reader goes again on a new connection for the other three.
+  std::vector<uint8_t> first_reply = serve_requests(requests_for(plans[3].plan));
+  first_reply.resize(24 + 1);
+  std::vector<uint8_t> goodbye(24, 0);
+  goodbye[0] = 0xff;
+  clients.emplace_back("goodbye.bin", joined({plans[3].plan.encode(), first_reply, goodbye}));
+
   out.start("fuzz_tcp_server");
   for (const auto& [name, bytes] : servers)
     out.write(name, bytes);
