@@ -110,7 +110,17 @@ Result<LocalMemory> LocalMemory::slice(size_t offset, size_t length) const {
 }
 
 const char* op_kind_name(OpKind kind) {
-  return kind == OpKind::kReadIntoLocal ? "read" : "write";
+  switch (kind) {
+    case OpKind::kReadIntoLocal:
+      return "read";
+    case OpKind::kWriteFromLocal:
+      return "write";
+    case OpKind::kFetchAdd:
+      return "fetch-add";
+    case OpKind::kCompareAndSwap:
+      return "compare-and-swap";
+  }
+  return "unknown op";
 }
 
 }  // namespace rdmabuf

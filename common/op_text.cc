@@ -6,9 +6,13 @@ namespace rdmabuf {
 
 std::string describe_op(const Op& op) {
   std::string out = op_kind_name(op.kind);
-  out += " of ";
-  out += format_bytes(op.bytes());
-  out += op.kind == OpKind::kReadIntoLocal ? " from " : " to ";
+  if (op.is_atomic()) {
+    out += " on ";
+  } else {
+    out += " of ";
+    out += format_bytes(op.bytes());
+    out += op.kind == OpKind::kReadIntoLocal ? " from " : " to ";
+  }
   out += op.remote.describe();
   return out;
 }

@@ -337,6 +337,31 @@ Status ManagerImpl::release_everywhere(uint64_t id) {
 
 namespace {
 
+Status validate_atomic(const Op& op) {
+  const uint64_t word = Op::kAtomicWordBytes;
+  if (op.remote.size() != word) {
+    return InvalidArgument(describe_op(op) +
+                           ": an atomic takes one 8-byte word, and this range is " +
+                           std::to_string(op.remote.size()) + " B (slice the buffer to 8 bytes)");
+  }
+  if (op.remote.offset() % word != 0) {
+    return InvalidArgument(
+        describe_op(op) + ": the word at offset " + std::to_string(op.remote.offset()) +
+        " is not 8-byte aligned (atomics need an offset that is a multiple of 8)");
+  }
+  if (op.local.size() < word) {
+    return InvalidArgument(describe_op(op) + ": the local range (" +
+                           std::to_string(op.local.size()) +
+                           " B) cannot hold the word's previous value (8 B)");
+  }
+  if (op.local.on_gpu()) {
+    return InvalidArgument(describe_op(op) +
+                           ": the previous value of an atomic lands in host memory, and this "
+                           "local memory is on a GPU");
+  }
+  return Status::Ok();
+}
+
 Status validate_op(const Op& op, uint64_t chunk_size) {
   if (!op.remote.valid())
     return InvalidArgument(std::string(op_kind_name(op.kind)) + " on an empty handle");
@@ -357,6 +382,7 @@ Status validate_op(const Op& op, uint64_t chunk_size) {
                            "range (" +
                            std::to_string(op.local.size()) + " B)");
   }
+  if (op.is_atomic()) return validate_atomic(op);
   if (op.bytes() / chunk_size >= UINT32_MAX) {
     return InvalidArgument(describe_op(op) + ": too large for chunks of " +
                            format_bytes(chunk_size));
@@ -401,13 +427,20 @@ Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op, size_t first_
       add_note(name, slot.reason);
       continue;
     }
+    if (op.is_atomic() && !slot.backend->carries_atomics()) {
+      add_note(name,
+               "atomics are applied by the owner's manager, which this transport does not ask");
+      continue;
+    }
     Status reach = slot.backend->can_reach(remote);
     if (!reach.ok()) {
       add_note(name, reach.message());
       consider_refusal(reach);
       continue;
     }
-    if (slot.factory->level == TransportLevel::kTcp && !config_.allow_tcp_fallback) {
+    // Atomics go to the owner's manager over tcp whatever carries the bytes.
+    if (slot.factory->level == TransportLevel::kTcp && !config_.allow_tcp_fallback &&
+        !op.is_atomic()) {
       return FailedPrecondition(describe_op(op) +
                                 ": it would have to use TCP, and TCP fallback is disabled "
                                 "(allow_tcp_fallback / RDMABUF_ALLOW_TCP_FALLBACK=0)" +
@@ -474,6 +507,7 @@ std::shared_ptr<TransferState> ManagerImpl::start(std::vector<Op> ops,
   for (auto& list : per_slot)
     list.clear();
   const std::vector<BackendContext>* routed_handle = nullptr;
+  bool routed_atomic = false;
   Route route;
   for (size_t i = 0; i < state->op_count(); ++i) {
     const Op& op = state->op(i);
@@ -486,9 +520,10 @@ std::shared_ptr<TransferState> ManagerImpl::start(std::vector<Op> ops,
       state->complete_part(i, Status::Ok());
       continue;
     }
-    // The route depends only on the handle, and the ops of a batch mostly
-    // share one (slices of it): choose once per handle.
-    if (&op.remote.contexts() != routed_handle) {
+    // The route depends only on the handle and on whether the op is an
+    // atomic, and the ops of a batch mostly share one handle (slices of
+    // it): choose once per run of them.
+    if (&op.remote.contexts() != routed_handle || op.is_atomic() != routed_atomic) {
       auto chosen = choose_route(op);
       if (!chosen.ok()) {
         state->fail_op(i, chosen.status());
@@ -497,7 +532,9 @@ std::shared_ptr<TransferState> ManagerImpl::start(std::vector<Op> ops,
       }
       route = std::move(chosen).value();
       routed_handle = &op.remote.contexts();
-      if (!route.note.empty())
+      routed_atomic = op.is_atomic();
+      // Atomics take the owner's manager by design: no warning for that.
+      if (!route.note.empty() && !op.is_atomic())
         log_note_once(op.remote, slots_[route.slot].factory->name, route.note);
     }
     assign(state, static_cast<uint32_t>(i), route.slot, route.note, per_slot);

@@ -254,12 +254,26 @@ OwnerModel model_owner(std::span<const uint8_t> in) {
     const uint64_t region = load<uint64_t>(h, 40);
     const uint64_t offset = load<uint64_t>(h, 48);
     const uint64_t length = load<uint64_t>(h, 56);
-    if ((kind != 1 && kind != 2) || h[1] != 0 || load<uint16_t>(h, 2) != 0 ||
-        load<uint32_t>(h, 4) != 0 || length == 0 || length > kMaxRequestLength) {
+    const bool atomic = kind == 3 || kind == 4;
+    if ((kind != 1 && kind != 2 && !atomic) || h[1] != 0 || load<uint16_t>(h, 2) != 0 ||
+        load<uint32_t>(h, 4) != 0 || length == 0 || length > kMaxRequestLength ||
+        (atomic && length != 8)) {
       m.clean = false;  // the owner hangs up
       return m;
     }
     pos += kRequest;
+    uint64_t operands[2] = {};
+    if (atomic) {
+      // Cut short: the owner hangs up without applying it; a fetch-add's
+      // second operand must be 0.
+      if (in.size() - pos < sizeof operands || (kind == 3 && load<uint64_t>(in, pos + 8) != 0)) {
+        m.clean = false;
+        return m;
+      }
+      operands[0] = load<uint64_t>(in, pos);
+      operands[1] = load<uint64_t>(in, pos + 8);
+      pos += sizeof operands;
+    }
     StatusCode code = StatusCode::kNotFound;
     size_t buffer = 0;
     for (size_t b = 0; b < std::size(kOwnedBuffers); ++b) {
@@ -269,7 +283,8 @@ OwnerModel model_owner(std::span<const uint8_t> in) {
       buffer = b;
       if (std::memcmp(h.data() + 24, token.data(), token.size()) != 0) {
         code = StatusCode::kPermissionDenied;
-      } else if (region != size || offset > size || length > size - offset) {
+      } else if (region != size || offset > size || length > size - offset ||
+                 (atomic && offset % 8 != 0)) {  // the buffers are 8-byte aligned
         code = StatusCode::kInvalidArgument;
       } else {
         code = StatusCode::kOk;
@@ -277,6 +292,22 @@ OwnerModel model_owner(std::span<const uint8_t> in) {
     }
     const bool ok = code == StatusCode::kOk;
     auto at = m.buffers[buffer].begin() + static_cast<ptrdiff_t>(ok ? offset : 0);
+    if (atomic) {
+      put_reply(m, kind, code, request_id, ok ? 8 : 0);
+      if (!ok) continue;
+      uint64_t word;
+      std::memcpy(&word, &*at, sizeof word);
+      const uint64_t previous = word;
+      if (kind == 3) {
+        word += operands[0];
+      } else if (word == operands[0]) {
+        word = operands[1];
+      }
+      std::memcpy(&*at, &word, sizeof word);
+      const auto* p = reinterpret_cast<const uint8_t*>(&previous);
+      m.replies.insert(m.replies.end(), p, p + sizeof previous);
+      continue;
+    }
     if (kind == 1) {
       put_reply(m, kind, code, request_id, ok ? length : 0);
       if (ok) m.replies.insert(m.replies.end(), at, at + static_cast<ptrdiff_t>(length));
@@ -424,8 +455,7 @@ ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replie
     // connection: this owner serves one, so it refuses the others at their
     // hello (and the reader fails what it had left with kRefusedAgain).
     auto refuse_another = [&] {
-      accept_reader(listener, deadline,
-                    Status(kRefusedAgain, "this owner serves one connection"));
+      accept_reader(listener, deadline, Status(kRefusedAgain, "this owner serves one connection"));
     };
     while (open && sent < replies.size() && Clock::now() < deadline) {
       pollfd q[2] = {{conn.get(), POLLIN | POLLOUT, 0}, {listener.fd.get(), POLLIN, 0}};

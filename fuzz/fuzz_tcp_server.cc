@@ -10,10 +10,12 @@
 // Checks the replies and the buffers against an owner written from
 // docs/wire-format.md (model_owner, fuzz_support.h): every reply is exactly
 // the model's (kind | 0x80, status, echoed id, payload length, and for an
-// OK read the buffer's bytes as the writes before it left them, never a
-// later write's), in order, none extra; the connection ends at the first
-// request the owner must refuse (unknown kind, non-zero flags or reserved
-// fields, length 0 or over 1 GiB) or at a write whose payload is cut short,
+// OK read the buffer's bytes as the writes and atomics before it left them,
+// never a later one's; for an OK atomic the word's previous value), in
+// order, none extra; the connection ends at the first request the owner
+// must refuse (unknown kind, non-zero flags or reserved fields, length 0 or
+// over 1 GiB, an atomic not on 8 bytes or whose operands are cut short, a
+// fetch-add with a second operand) or at a write whose payload is cut short,
 // and may drop the replies it has not sent by then but never sends a wrong
 // one; a stream of only well-formed whole requests gets every reply; the
 // buffers hold exactly the bytes the model's writes left (but for those of

@@ -236,6 +236,33 @@ void write_tcp_frames(CorpusWriter& out) {
   servers.emplace_back("refusals.bin", refused);
   clients.emplace_back("refusals.bin", joined({plans[0].plan.encode(), serve_requests(refused)}));
 
+  // Atomics on buffer 1's word at 8: a fetch-add of 5, a compare-and-swap
+  // that expects what that left (and so stores 42), one that expects
+  // anything else, then a misaligned word and one past buffer 2's end.
+  std::vector<uint8_t> atomics;
+  auto atomic_request = [&atomics](uint8_t kind, uint64_t id, const OwnedBuffer& buffer,
+                                   uint64_t offset, uint64_t first, uint64_t second) {
+    std::vector<uint8_t> r(64 + 16, 0);
+    r[0] = kind;
+    poke<uint64_t>(r, 8, id);
+    poke<uint64_t>(r, 16, buffer.id);
+    std::memset(r.data() + 24, buffer.token_byte, 16);
+    poke<uint64_t>(r, 40, buffer.size);
+    poke<uint64_t>(r, 48, offset);
+    poke<uint64_t>(r, 56, 8);
+    poke<uint64_t>(r, 64, first);
+    poke<uint64_t>(r, 72, second);
+    atomics.insert(atomics.end(), r.begin(), r.end());
+  };
+  uint64_t word;
+  std::memcpy(&word, initial_contents(0).data() + 8, sizeof word);
+  atomic_request(3, 1, kOwnedBuffers[0], 8, 5, 0);
+  atomic_request(4, 2, kOwnedBuffers[0], 8, word + 5, 42);
+  atomic_request(4, 3, kOwnedBuffers[0], 8, word + 5, 43);
+  atomic_request(3, 4, kOwnedBuffers[0], 12, 1, 0);
+  atomic_request(4, 5, kOwnedBuffers[1], 256, 0, 1);
+  servers.emplace_back("atomics.bin", atomics);
+
   // A goodbye after the first reply of four_small_ops (a read of 1 byte):
   // the reader goes again on a new connection for the other three.
   std::vector<uint8_t> first_reply = serve_requests(requests_for(plans[3].plan));

@@ -61,8 +61,9 @@ constexpr const char* kHelp = R"(usage: rdmabuf bench [--backend NAME] [--sizes 
 Measures one-sided reads and writes over one backend against a peer
 process it starts here (`rdmabuf serve`), or against the buffer behind
 --connect: setup costs, the latency of single 8 B and 4 KiB ops (p50, p99),
-the rate of --batch 64 B ops submitted at once, and bandwidth at each of
---sizes; medians after warm-up. Reads from its own peer are checked byte
+the rate of --batch 64 B ops submitted at once (and, over tcp, of --batch
+8 B fetch-and-adds on one word), and bandwidth at each of --sizes; medians
+after warm-up. Reads from its own peer are checked byte
 for byte. With its own peer it also measures, in the same run and where
 installed: iperf3 beside tcp, memcpy and ucx_perftest beside memory,
 perftest beside ibverbs; and prints the ratio to each (above 1: rdmabuf
@@ -317,6 +318,52 @@ class Bench {
     return bandwidth(kind, size, size * batch, reps, "rate", 2 * size);
   }
 
+  // `batch` fetch-and-adds of 1 on the remote buffer's first word at once,
+  // their previous values side by side in local memory; checks that each
+  // batch saw every value from the one before it exactly once, and puts
+  // the word back afterwards (untimed).
+  Result<Sample> atomic_rate(uint64_t batch, int reps) {
+    const uint64_t word = Op::kAtomicWordBytes;
+    batch = std::min<uint64_t>(batch, local_.size() / word);
+    RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer target, remote_.slice(0, word));
+    std::vector<double> us;
+    std::vector<uint64_t> seen(batch);
+    for (int r = 0; r < kWarmupReps + reps; ++r) {
+      std::vector<Op> ops;
+      ops.reserve(batch);
+      for (uint64_t j = 0; j < batch; ++j) {
+        RDMABUF_ASSIGN_OR_RETURN(LocalMemory previous, local_.slice(j * word, word));
+        ops.push_back(Op::fetch_add(target, std::move(previous), 1));
+      }
+      auto start = Clock::now();
+      Transfer t = manager_.submit(std::move(ops), kOpTimeout);
+      RDMABUF_RETURN_IF_ERROR(t.wait());
+      const double took = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+      if (r >= kWarmupReps) us.push_back(took);
+      std::memcpy(seen.data(), local_.data(), batch * word);
+      std::sort(seen.begin(), seen.end());
+      for (uint64_t j = 1; j < batch; ++j) {
+        if (seen[j] != seen[0] + j) return Internal("bench: fetch-adds saw a value twice");
+      }
+    }
+    // The word as the peer's pattern has it, for later reads to check.
+    RDMABUF_ASSIGN_OR_RETURN(LocalMemory original, local_.slice(0, word));
+    fill_seq(original.span(), 0);
+    Transfer t = manager_.submit({Op::write(target, original)}, kOpTimeout);
+    RDMABUF_RETURN_IF_ERROR(t.wait());
+    Sample s;
+    s.op = op_kind_name(OpKind::kFetchAdd);
+    s.size = word;
+    s.batch = batch;
+    s.p50_us = median(us);
+    s.p99_us = percentile(us, 99);
+    s.gbps = static_cast<double>(word * batch) / (s.p50_us * 1e3);
+    s.ops_per_s = static_cast<double>(batch) * 1e6 / s.p50_us;
+    s.reps = us.size();
+    s.kind = "rate";
+    return s;
+  }
+
  private:
   Manager& manager_;
   RemoteBuffer remote_;
@@ -500,7 +547,7 @@ int cmd_bench(int argc, char** argv) {
   for (uint64_t size : o.sizes) {
     if (run_ucx && (size <= (4u << 20) || size == (64u << 20))) single_sizes.push_back(size);
   }
-  int total = 4 + 2 +
+  int total = 4 + 2 + (backend == "tcp" ? 1 : 0) +
               2 * static_cast<int>(o.sizes.size() * o.layouts.size() + single_sizes.size()) +
               (run_iperf ? 3 : 0);
   Progress progress(total, o.quiet);
@@ -573,6 +620,26 @@ int cmd_bench(int argc, char** argv) {
       if (auto figure = ucx(test, 64, kUcxRateIterations)) {
         results.back().peer = std::string("ucx posix ") + test;
         results.back().peer_ops_per_s = figure->ops_per_s;
+      }
+    }
+  }
+  // Atomics always go to the owner's manager over tcp: measured in tcp runs.
+  // Beside it, UCX's fetch-and-add over tcp with as many in flight.
+  if (backend == "tcp") {
+    const bool ucx_fadd = local_peer && on_path("ucx_perftest");
+    progress.step("rate: fetch-add 8 B x " + std::to_string(o.batch) +
+                  (ucx_fadd ? ", and ucx_perftest ucp_fadd over tcp" : ""));
+    st = record(bench.atomic_rate(static_cast<uint64_t>(o.batch), rate_reps));
+    if (!st.ok()) return fail(st);
+    if (ucx_fadd) {
+      auto figure = run_ucx_perftest("ucp_fadd", 8, kUcxRateIterations, UcxEnv{{"UCX_TLS", "tcp"}},
+                                     std::chrono::seconds(120), o.batch);
+      if (figure.ok()) {
+        results.back().peer = "ucx tcp ucp_fadd";
+        results.back().peer_ops_per_s = figure->ops_per_s;
+      } else {
+        std::fprintf(stderr, "\nrdmabuf bench: ucx_perftest ucp_fadd failed: %s\n",
+                     figure.status().to_string().c_str());
       }
     }
   }
@@ -679,10 +746,10 @@ int cmd_bench(int argc, char** argv) {
       // The peer's figure: its p50 beside latency rows, its message rate
       // beside rate rows, its GB/s beside the others.
       const char* peer_unit = s.kind == "latency" ? "p50 us" : s.kind == "rate" ? "ops/s" : "GB/s";
-      std::printf("%-6s %-9s %6s %9s %9s %9s %9s  %-20s %9s %6s\n", "op", "size", "batch", "GB/s",
+      std::printf("%-9s %-9s %6s %9s %9s %9s %9s  %-20s %9s %6s\n", "op", "size", "batch", "GB/s",
                   "p50 us", "p99 us", "ops/s", "peer, same run", peer_unit, "ratio");
     }
-    std::printf("%-6s %-9s %6llu %9.3f %9.1f %9.1f %9s", s.op.c_str(), format_bytes(s.size).c_str(),
+    std::printf("%-9s %-9s %6llu %9.3f %9.1f %9.1f %9s", s.op.c_str(), format_bytes(s.size).c_str(),
                 static_cast<unsigned long long>(s.batch), s.gbps, s.p50_us, s.p99_us,
                 human_rate(s.ops_per_s).c_str());
     // Every ratio reads the same way: how many times faster rdmabuf is.

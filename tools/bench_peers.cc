@@ -160,10 +160,14 @@ Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int i
 }
 
 Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int iterations,
-                                   const UcxEnv& env, std::chrono::seconds limit) {
+                                   const UcxEnv& env, std::chrono::seconds limit, int outstanding) {
   RDMABUF_ASSIGN_OR_RETURN(std::string port, free_port());
-  const std::vector<std::string> args = {
+  std::vector<std::string> args = {
       "-p", port, "-t", test, "-s", std::to_string(size), "-n", std::to_string(iterations)};
+  if (outstanding > 0) {
+    args.push_back("-O");
+    args.push_back(std::to_string(outstanding));
+  }
   std::vector<std::string> server = {"ucx_perftest"};
   server.insert(server.end(), args.begin(), args.end());
   std::vector<std::string> client = {"ucx_perftest", "127.0.0.1"};

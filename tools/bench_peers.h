@@ -45,11 +45,13 @@ Result<double> parse_qperf(const std::string& test, const std::string& output);
 Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int iterations,
                                    const std::string& transports);
 // The same with `env` set in both processes (UCX_TLS, UCX_NET_DEVICES, ...),
-// giving up on a client that has not finished after `limit`.
+// giving up on a client that has not finished after `limit`; with
+// `outstanding` > 0, that many ops in flight at once (-O).
 using UcxEnv = std::vector<std::pair<std::string, std::string>>;
 Result<UcxFigure> run_ucx_perftest(const std::string& test, uint64_t size, int iterations,
                                    const UcxEnv& env,
-                                   std::chrono::seconds limit = std::chrono::seconds(120));
+                                   std::chrono::seconds limit = std::chrono::seconds(120),
+                                   int outstanding = 0);
 Result<UcxFigure> parse_ucx_perftest(const std::string& output);
 
 // The RDMA device, port and GID index the ibverbs backend of `backends`

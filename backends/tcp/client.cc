@@ -43,14 +43,31 @@ constexpr auto kConnectCap = std::chrono::seconds(30);
 
 alignas(64) const uint8_t kZeros[64 << 10] = {};
 
-std::string owner_refused(uint8_t code) {
+RequestKind request_kind(OpKind kind) {
+  switch (kind) {
+    case OpKind::kReadIntoLocal:
+      return RequestKind::kRead;
+    case OpKind::kWriteFromLocal:
+      return RequestKind::kWrite;
+    case OpKind::kFetchAdd:
+      return RequestKind::kFetchAdd;
+    case OpKind::kCompareAndSwap:
+      return RequestKind::kCompareAndSwap;
+  }
+  return RequestKind::kRead;
+}
+
+std::string owner_refused(uint8_t code, RequestKind kind) {
   switch (static_cast<StatusCode>(code)) {
     case StatusCode::kNotFound:
       return "the owner does not have this buffer (released, or never registered)";
     case StatusCode::kPermissionDenied:
       return "the owner refused the handle's token";
     case StatusCode::kInvalidArgument:
-      return "the owner found the range out of bounds";
+      return is_atomic(static_cast<uint8_t>(kind))
+                 ? "the owner refused the atomic (the word out of bounds, not 8-byte aligned in "
+                   "its memory, or in GPU memory)"
+                 : "the owner found the range out of bounds";
     default:
       return "the owner failed to serve the request";
   }
@@ -220,6 +237,7 @@ void Stream::encode() {
     h.region_size = op.remote.region_size();
     h.offset = c.remote_offset;
     h.length = c.length;
+    const bool atomic = is_atomic(static_cast<uint8_t>(c.kind));
     bool inline_write = c.kind == RequestKind::kWrite && c.length <= kInlineWrite;
     if (inline_write && !c.transfer->begin_touch()) {
       finish(c, Cancelled("cancelled before it was sent"));
@@ -227,11 +245,18 @@ void Stream::encode() {
       continue;
     }
     size_t at = tx_.size();
-    tx_.resize(at + sizeof h + (inline_write ? c.length : 0));
+    tx_.resize(at + sizeof h + (inline_write ? c.length : 0) + (atomic ? kAtomicOperandBytes : 0));
     std::memcpy(tx_.data() + at, &h, sizeof h);
     if (inline_write) {
       std::memcpy(tx_.data() + at + sizeof h, c.local, c.length);
       c.transfer->end_touch();
+    }
+    if (atomic) {  // the operands come from the op, not from local memory
+      const uint64_t operands[2] = {
+          op.kind == OpKind::kFetchAdd ? op.operand : op.compare,
+          op.kind == OpKind::kFetchAdd ? 0 : op.operand,
+      };
+      std::memcpy(tx_.data() + at + sizeof h, operands, sizeof operands);
     }
     append_arena(tx_.size() - at);
     ++next_request_id_;
@@ -367,15 +392,17 @@ void Stream::on_response(const ResponseHeader& h) {
       protocol_error("owner at " + peer_->address.to_string() + " sent a malformed reply");
       return;
     }
-    Status st = c.transfer->cancelled()
-                    ? Status(static_cast<StatusCode>(h.status), "")
-                    : Status(static_cast<StatusCode>(h.status),
-                             describe_op(c.transfer->op(c.op)) + ": " + owner_refused(h.status));
+    Status st =
+        c.transfer->cancelled()
+            ? Status(static_cast<StatusCode>(h.status), "")
+            : Status(static_cast<StatusCode>(h.status),
+                     describe_op(c.transfer->op(c.op)) + ": " + owner_refused(h.status, c.kind));
     finish(c, st);
     inflight_.pop_front();
     return;
   }
-  if (c.kind == RequestKind::kRead) {
+  // A read's reply carries its bytes; an atomic's, the word's previous value.
+  if (c.kind == RequestKind::kRead || is_atomic(static_cast<uint8_t>(c.kind))) {
     if (h.payload != c.length) {
       protocol_error("owner at " + peer_->address.to_string() + " sent a reply of the wrong size");
       return;
@@ -524,8 +551,7 @@ void Peer::submit(const std::shared_ptr<TransferState>& transfer, std::span<cons
     const uint64_t bytes = op.bytes();
     const uint64_t parts = (bytes + chunk_size - 1) / chunk_size;
     if (parts > 1) transfer->expect_parts(i, static_cast<uint32_t>(parts));
-    const RequestKind kind =
-        op.kind == OpKind::kReadIntoLocal ? RequestKind::kRead : RequestKind::kWrite;
+    const RequestKind kind = request_kind(op.kind);
     for (uint64_t p = 0; p < parts; ++p) {
       Chunk c;
       c.transfer = transfer;

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -248,6 +249,7 @@ ServerConnection::Step ServerConnection::take_request() {
   // buffer may still be running: finish both before the pin moves to
   // another buffer. (The request is taken again after the flush.)
   if ((has_external() || staged_writes_) && !pin_matches(h)) return start_flush();
+  if (is_atomic(h.kind)) return take_atomic(h);
   std::byte* at = nullptr;
   Status st = resolve(h, &at);
   if (h.kind == static_cast<uint8_t>(RequestKind::kRead)) {
@@ -298,6 +300,52 @@ ServerConnection::Step ServerConnection::take_request() {
   }
   if (st.ok()) after_buffer_access(pin_.data());
   append_reply(h, st.code(), 0);
+  return after_request();
+}
+
+ServerConnection::Step ServerConnection::take_atomic(const RequestHeader& h) {
+  // Applied only once its operands are whole: one cut short changes nothing.
+  if (rx_end_ - rx_pos_ < sizeof h + kAtomicOperandBytes) return receive_requests();
+  uint64_t operands[2];
+  std::memcpy(operands, rx_.get() + rx_pos_ + sizeof h, sizeof operands);
+  const bool fetch_add = h.kind == static_cast<uint8_t>(RequestKind::kFetchAdd);
+  if (fetch_add && operands[1] != 0) {
+    RDMABUF_LOG_WARN(
+        "tcp: dropping a connection whose peer broke the protocol: a fetch-add "
+        "whose second operand is not 0");
+    return Step::kClosed;
+  }
+  // A reader that gave up on this connection abandoned its atomics too.
+  if (!checked_abandoned_) {
+    checked_abandoned_ = true;
+    if (abandoned()) return Step::kClosed;
+  }
+  std::byte* at = nullptr;
+  Status st = resolve(h, &at);
+  if (st.ok() && pin_.on_gpu()) {
+    st = InvalidArgument("atomics on GPU memory are not supported");
+  } else if (st.ok() && reinterpret_cast<uintptr_t>(at) % kAtomicWordBytes != 0) {
+    st = InvalidArgument("the word is not 8-byte aligned");
+  }
+  // Read payloads gathered so far may point at this word: send them first,
+  // so that no read returns a later atomic's result.
+  if (st.ok() && has_external()) return start_flush();
+  rx_pos_ += sizeof h + kAtomicOperandBytes;
+  if (!st.ok()) {
+    append_reply(h, st.code(), 0);
+    return after_request();
+  }
+  before_buffer_access(pin_.data());
+  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(at));
+  uint64_t previous = operands[0];  // compare-and-swap: what it expects
+  if (fetch_add) {
+    previous = word.fetch_add(operands[0]);
+  } else {
+    word.compare_exchange_strong(previous, operands[1]);
+  }
+  after_buffer_access(pin_.data());
+  append_reply(h, StatusCode::kOk, kAtomicWordBytes);
+  append_bytes(&previous, sizeof previous);
   return after_request();
 }
 

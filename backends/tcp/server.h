@@ -34,6 +34,8 @@ struct ServerSettings {
 // headers and small payloads copied into one buffer, large read payloads
 // straight from the registered memory (sent before any later write changes
 // those bytes); large write payloads are received straight into it.
+// Atomics are applied here, on the CPU, so that they are atomic with every
+// other peer's.
 // Between requests it holds no pin, no receive buffer and no reply arena
 // (they go back to shared spare lists): an idle connection costs its socket
 // and under a kilobyte (plus its staging ring, once it has served GPU
@@ -86,6 +88,9 @@ class ServerConnection final : public IoSession, public PinAbort {
   // request, or receives more requests, in that order of priority.
   Step advance();
   Step take_request();
+  // An atomic (fetch-add, compare-and-swap): applied to the word on this
+  // CPU once its operands are whole; its reply carries the previous value.
+  Step take_atomic(const RequestHeader& h);
   Step receive_payload();
   Step receive_requests();
   // After a request's reply is gathered: sends once enough is waiting.

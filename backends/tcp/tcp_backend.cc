@@ -40,6 +40,8 @@ class TcpBackend final : public Backend {
   void unregister_memory(uint64_t) override {}
 
   Status can_reach(const RemoteBuffer&) const override { return Status::Ok(); }
+  // The owner's ServerConnection applies them.
+  bool carries_atomics() const override { return true; }
 
   void submit(const std::shared_ptr<TransferState>& transfer,
               std::span<const uint32_t> indices) override {

@@ -461,8 +461,16 @@ class Backend {
   // reason in its note. The default: host memory only.
   virtual Status takes_local_memory(const LocalMemory& local, const RemoteBuffer& remote) const;
 
+  // Reader side: whether this backend carries atomics (Op::is_atomic). A
+  // backend that does sends each to the owner's manager, which applies it
+  // on the CPU (so that atomics on one word are atomic with each other,
+  // whichever peer sent them). The default: no; the manager then routes
+  // atomics to the next backend the owner offers.
+  virtual bool carries_atomics() const { return false; }
+
   // Reader side. Starts ops `indices` of `transfer` (already validated:
-  // ranges fit, sizes follow the read/write rules, length > 0). Returns
+  // ranges fit, sizes follow the read/write rules, length > 0; atomics
+  // only where carries_atomics() says yes). Returns
   // without waiting for the network. Every op is completed later through
   // transfer->complete_part, exactly once per declared part, whatever
   // happens (success, error, cancellation, shutdown).

@@ -1,4 +1,5 @@
-// Op: one transfer between a local range and a remote range.
+// Op: one transfer between a local range and a remote range, or one atomic
+// on a word of remote memory.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,18 @@ enum class OpKind : uint8_t {
   // Copy the whole local range into the front of the remote range; the remote
   // range must be at least as large.
   kWriteFromLocal = 1,
+  // Atomics on one 8-byte word of remote memory: the remote range is exactly
+  // that word (8 bytes, at an offset that is a multiple of 8 within an
+  // 8-byte aligned buffer), and its previous value lands in the first 8
+  // bytes of the local range (host memory, native byte order). Atomic with
+  // respect to every other rdmabuf atomic on the same word, from any peer:
+  // the owner's manager applies them all (docs/atomics.md). An atomic that
+  // fails with kUnavailable or kDeadlineExceeded may have been applied.
+  //
+  // Adds `operand` to the word (wrapping, unsigned).
+  kFetchAdd = 2,
+  // Sets the word to `operand` if it equals `compare`.
+  kCompareAndSwap = 3,
 };
 
 struct Op {
@@ -22,6 +35,10 @@ struct Op {
   // The remote range: a handle, or a slice of one.
   RemoteBuffer remote;
   LocalMemory local;
+  // Atomics only: what kFetchAdd adds or kCompareAndSwap stores, and what
+  // kCompareAndSwap expects.
+  uint64_t operand = 0;
+  uint64_t compare = 0;
 
   static Op read(RemoteBuffer remote, LocalMemory local) {
     return Op{OpKind::kReadIntoLocal, std::move(remote), std::move(local)};
@@ -29,12 +46,32 @@ struct Op {
   static Op write(RemoteBuffer remote, LocalMemory local) {
     return Op{OpKind::kWriteFromLocal, std::move(remote), std::move(local)};
   }
+  // `word`: 8 bytes of a remote buffer (a slice); `previous`: at least 8
+  // bytes of local host memory.
+  static Op fetch_add(RemoteBuffer word, LocalMemory previous, uint64_t add) {
+    return Op{OpKind::kFetchAdd, std::move(word), std::move(previous), add, 0};
+  }
+  static Op compare_and_swap(RemoteBuffer word, LocalMemory previous, uint64_t expected,
+                             uint64_t desired) {
+    return Op{OpKind::kCompareAndSwap, std::move(word), std::move(previous), desired, expected};
+  }
 
-  // The bytes this op moves.
-  uint64_t bytes() const { return kind == OpKind::kReadIntoLocal ? remote.size() : local.size(); }
+  bool is_atomic() const { return kind == OpKind::kFetchAdd || kind == OpKind::kCompareAndSwap; }
+  // The bytes this op moves (an atomic's word: 8).
+  uint64_t bytes() const {
+    switch (kind) {
+      case OpKind::kReadIntoLocal:
+        return remote.size();
+      case OpKind::kWriteFromLocal:
+        return local.size();
+      default:
+        return kAtomicWordBytes;
+    }
+  }
+  static constexpr uint64_t kAtomicWordBytes = 8;
 };
 
-// "read"/"write".
+// "read", "write", "fetch-add", "compare-and-swap".
 const char* op_kind_name(OpKind kind);
 
 }  // namespace rdmabuf

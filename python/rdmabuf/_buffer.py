@@ -267,8 +267,40 @@ def _rebuild(data: bytes) -> RDMABuffer:
     return RDMABuffer.from_bytes(data)
 
 
+# An op of an RDMAAction as the compiled layer takes it: (kind, handle,
+# local memory, operand, compare), kind as in rdmabuf::OpKind.
+_OpSpec = Tuple[int, "_rdmabuf.Handle", Any, int, int]
+_READ, _WRITE, _FETCH_ADD, _COMPARE_AND_SWAP = 0, 1, 2, 3
+_WORD = 8
+
+
+def _as_word_value(value: int, what: str) -> int:
+    """`value` as an unsigned 64-bit word: -2**63 <= value < 2**64, wrapped."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if not -(1 << 63) <= value < (1 << 64):
+        raise InvalidArgumentError(f"{what}={value} does not fit in a 64-bit word")
+    return value & ((1 << 64) - 1)
+
+
+def _atomic_op(kind: int, name: str, src: RDMABuffer, dst: LocalMemory, operand: int,
+               compare: int) -> _OpSpec:
+    src = _as_buffer(src, f"{name}: src")
+    if src.size() != _WORD:
+        raise InvalidArgumentError(
+            f"{name}: src must be one 8-byte word (e.g. buf.slice(offset, 8)), "
+            f"not {src.size()} B"
+        )
+    size = _rdmabuf.local_size(dst, True)
+    if size < _WORD:
+        raise InvalidArgumentError(f"{name}: dst holds {size} B, less than the word's 8 B")
+    operand = _as_word_value(operand, "add" if kind == _FETCH_ADD else "swap")
+    compare = _as_word_value(compare, "compare")
+    return (kind, src._handle, dst, operand, compare)
+
+
 class RDMAAction:
-    """A batch of reads and writes submitted at once (Monarch's RDMAAction).
+    """A batch of reads, writes and atomics submitted at once (Monarch's RDMAAction).
 
     ``RDMAAction().read_remote(dst, buf).write_remote(buf2, src).submit()``:
     every op starts together when submitted; ops to one owner are pipelined
@@ -284,7 +316,7 @@ class RDMAAction:
     __slots__ = ("_ops",)
 
     def __init__(self) -> None:
-        self._ops: List[Tuple[bool, _rdmabuf.Handle, Any]] = []
+        self._ops: List[_OpSpec] = []
 
     def read_remote(self, dst: LocalMemory, src: RDMABuffer) -> Self:
         """Adds a read of the whole of remote `src` into the front of local `dst`."""
@@ -296,7 +328,7 @@ class RDMAAction:
             raise InvalidArgumentError(
                 f"read_remote: dst holds {size} B, less than the buffer's {src.size()} B"
             )
-        self._ops.append((True, src._handle, dst))
+        self._ops.append((_READ, src._handle, dst, 0, 0))
         return self
 
     def write_remote(self, dst: RDMABuffer, src: LocalMemory) -> Self:
@@ -309,20 +341,30 @@ class RDMAAction:
             raise InvalidArgumentError(
                 f"write_remote: src holds {size} B, more than the buffer's {dst.size()} B"
             )
-        self._ops.append((False, dst._handle, src))
+        self._ops.append((_WRITE, dst._handle, src, 0, 0))
         return self
 
     def fetch_add(self, src: RDMABuffer, dst: LocalMemory, add: int) -> Self:
-        """Monarch's remote fetch-and-add; not implemented yet (nor in Monarch)."""
-        raise NotImplementedError("RDMAAction.fetch_add: remote atomics are not implemented yet")
+        """Adds a remote fetch-and-add (Monarch's signature): adds `add` to the
+        8-byte word `src` (8 bytes of a buffer at an offset that is a multiple
+        of 8, e.g. ``buf.slice(16, 8)``) and puts the word's previous value in
+        the first 8 bytes of `dst` (host memory, native byte order: e.g. a
+        one-element torch.int64 tensor or numpy.uint64 array). The word is an
+        unsigned 64-bit integer: `add` wraps modulo 2**64, so a negative one
+        subtracts. Atomic with every other rdmabuf atomic on the word, from
+        any process; the owner's manager applies it (see docs/atomics.md)."""
+        self._ops.append(_atomic_op(_FETCH_ADD, "fetch_add", src, dst, add, 0))
+        return self
 
     def compare_and_swap(
         self, src: RDMABuffer, dst: LocalMemory, compare: int, swap: int
     ) -> Self:
-        """Monarch's remote compare-and-swap; not implemented yet (nor in Monarch)."""
-        raise NotImplementedError(
-            "RDMAAction.compare_and_swap: remote atomics are not implemented yet"
-        )
+        """Adds a remote compare-and-swap (Monarch's signature): sets the
+        8-byte word `src` to `swap` if it equals `compare`, and puts the word's
+        previous value in the first 8 bytes of `dst` (it equals `compare`
+        exactly when the swap happened). The rules of fetch_add apply."""
+        self._ops.append(_atomic_op(_COMPARE_AND_SWAP, "compare_and_swap", src, dst, swap, compare))
+        return self
 
     def read_into(self, buf: RDMABuffer, dst: LocalMemory) -> Self:
         """Deprecated spelling of ``read_remote(dst, buf)`` (note the order)."""

@@ -228,10 +228,13 @@ void check_overlaps(const std::vector<Op>& ops) {
   ranges.reserve(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     const auto start = reinterpret_cast<uintptr_t>(ops[i].local.data());
-    const uint64_t len =
-        ops[i].kind == OpKind::kReadIntoLocal ? ops[i].remote.size() : ops[i].local.size();
+    // An atomic writes the word's previous value into its local memory.
+    const bool writes_local = ops[i].kind != OpKind::kWriteFromLocal;
+    const uint64_t len = ops[i].kind == OpKind::kWriteFromLocal ? ops[i].local.size()
+                         : ops[i].is_atomic()                   ? Op::kAtomicWordBytes
+                                                                : ops[i].remote.size();
     if (len == 0) continue;
-    ranges.push_back({start, start + len, ops[i].kind == OpKind::kReadIntoLocal, i});
+    ranges.push_back({start, start + len, writes_local, i});
   }
   std::sort(ranges.begin(), ranges.end(),
             [](const Range& a, const Range& b) { return a.start < b.start; });
@@ -248,7 +251,7 @@ void check_overlaps(const std::vector<Op>& ops) {
       raise_code(StatusCode::kInvalidArgument,
                  "RDMAAction: the local memory of op " + std::to_string(std::min(*other, r.index)) +
                      " overlaps that of op " + std::to_string(std::max(*other, r.index)) +
-                     ", and at least one of them is a read_into into it");
+                     ", and at least one of them is a read or an atomic into it");
     }
     if (r.end > end_any) {
       end_any = r.end;
@@ -261,7 +264,7 @@ void check_overlaps(const std::vector<Op>& ops) {
   }
 }
 
-// ops: (is_read, handle, local object) per op.
+// ops: (kind, handle, local object, operand, compare) per op; kind as in OpKind.
 std::unique_ptr<PyTransfer> submit(py::object self, const py::list& specs,
                                    std::optional<double> timeout, bool notify) {
   auto& pm = self.cast<PyManager&>();
@@ -273,12 +276,28 @@ std::unique_ptr<PyTransfer> submit(py::object self, const py::list& specs,
   locals.reserve(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     auto spec = specs[i].cast<py::tuple>();
-    const bool is_read = spec[0].cast<bool>();
+    const int kind = spec[0].cast<int>();
+    if (kind < 0 || kind > static_cast<int>(OpKind::kCompareAndSwap)) {
+      raise_code(StatusCode::kInvalidArgument,
+                 "RDMAAction op " + std::to_string(i) + ": unknown kind " + std::to_string(kind));
+    }
+    const auto op_kind = static_cast<OpKind>(kind);
+    const bool is_read = op_kind == OpKind::kReadIntoLocal;
+    const bool is_write = op_kind == OpKind::kWriteFromLocal;
     const auto& remote = spec[1].cast<const RemoteBuffer&>();
     check_handle(remote);
-    const std::string what = "RDMAAction op " + std::to_string(i) + (is_read ? ": dst" : ": src");
-    PyLocal local = PyLocal::acquire(spec[2], is_read, what.c_str());
+    const std::string what = "RDMAAction op " + std::to_string(i) + (is_write ? ": src" : ": dst");
+    PyLocal local = PyLocal::acquire(spec[2], !is_write, what.c_str());
     local.identify(spec[2]);
+    if (!is_read && !is_write) {  // an atomic: sizes were checked when it was added
+      const auto operand = spec[3].cast<uint64_t>();
+      const auto compare = spec[4].cast<uint64_t>();
+      ops.push_back(op_kind == OpKind::kFetchAdd
+                        ? Op::fetch_add(remote, local.memory(), operand)
+                        : Op::compare_and_swap(remote, local.memory(), compare, operand));
+      locals.push_back(std::move(local));
+      continue;
+    }
     if (is_read && local.size() < remote.size()) {
       raise_code(StatusCode::kInvalidArgument, what + " holds " + bytes_text(local.size()) +
                                                    ", less than the buffer's " +

@@ -51,6 +51,17 @@
 //                                    a thread of its own, sends one message of
 //                                    SIZE bytes of pattern SEED, index 0; the
 //                                    answer does not wait for it)
+//   add TEXT COUNT BATCH          -> added SUM SUMSQ BACKEND | error STATUS
+//                                    (COUNT fetch-adds of 1 on the 8-byte word
+//                                    TEXT, BATCH to a transfer; SUM and SUMSQ:
+//                                    the sum of the previous values and of
+//                                    their squares, mod 2^64)
+//   locked-add LOCK WORD COUNT ID -> ok BACKEND | error ...   (COUNT times:
+//                                    takes the lock word LOCK by compare-and-
+//                                    swap from 0 to ID, reads the word WORD,
+//                                    writes it back plus 1, and frees the lock
+//                                    by compare-and-swap from ID to 0; BACKEND
+//                                    carried the read)
 //   exit                          -> bye, then shuts the manager down and exits 0
 //
 // With RDMABUF_TEST_PRIVATE_HOST=1 its host memory is anonymous and private
@@ -66,6 +77,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -150,6 +162,86 @@ void close_endpoint() {
   g_endpoint.reset();
 }
 
+// One transfer of `ops`; its status, with the backend of op 0 in `backend`.
+rdmabuf::Status run_ops(rdmabuf::Manager& manager, std::vector<rdmabuf::Op> ops,
+                        std::string* backend = nullptr) {
+  rdmabuf::Transfer t = manager.submit(std::move(ops), std::chrono::seconds(60));
+  rdmabuf::Status st = t.wait();
+  if (backend) *backend = std::string(t.op_backend(0));
+  return st;
+}
+
+uint64_t load_word(const LocalMemory& m, size_t at = 0) {
+  uint64_t word;
+  std::memcpy(&word, m.data() + at, sizeof word);
+  return word;
+}
+
+// The commands of remote atomics: add and locked-add.
+std::string answer_atomics(rdmabuf::Manager& manager, const std::string& cmd,
+                           std::istringstream& in) {
+  using rdmabuf::Op;
+  if (cmd == "add") {
+    std::string text;
+    uint64_t count = 0, batch = 0;
+    if (!(in >> text >> count >> batch) || batch == 0) return "error usage: add TEXT COUNT BATCH";
+    auto word = RemoteBuffer::from_text(text);
+    if (!word.ok()) return "error " + word.status().to_string();
+    auto previous = LocalMemory::allocate(batch * 8);
+    if (!previous.ok()) return "error " + previous.status().to_string();
+    uint64_t sum = 0, sum_of_squares = 0;
+    std::string backend;
+    for (uint64_t done = 0; done < count;) {
+      const uint64_t n = std::min(batch, count - done);
+      std::vector<Op> ops;
+      for (uint64_t i = 0; i < n; ++i)
+        ops.push_back(Op::fetch_add(*word, *previous->slice(i * 8, 8), 1));
+      rdmabuf::Status st = run_ops(manager, std::move(ops), &backend);
+      if (!st.ok()) return "error " + st.to_string();
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t v = load_word(*previous, i * 8);
+        sum += v;
+        sum_of_squares += v * v;
+      }
+      done += n;
+    }
+    return "added " + std::to_string(sum) + " " + std::to_string(sum_of_squares) + " " + backend;
+  }
+  // locked-add
+  std::string lock_text, word_text;
+  uint64_t count = 0, id = 0;
+  if (!(in >> lock_text >> word_text >> count >> id) || id == 0) {
+    return "error usage: locked-add LOCK WORD COUNT ID";
+  }
+  auto lock = RemoteBuffer::from_text(lock_text);
+  auto word = RemoteBuffer::from_text(word_text);
+  if (!lock.ok() || !word.ok()) return "error a bad handle";
+  auto local = LocalMemory::allocate(8);
+  if (!local.ok()) return "error " + local.status().to_string();
+  std::string backend;
+  for (uint64_t i = 0; i < count; ++i) {
+    while (true) {  // take the lock
+      rdmabuf::Status st = run_ops(manager, {Op::compare_and_swap(*lock, *local, 0, id)});
+      if (!st.ok()) return "error " + st.to_string();
+      if (load_word(*local) == 0) break;
+      std::this_thread::yield();
+    }
+    rdmabuf::Status st = run_ops(manager, {Op::read(*word, *local)}, &backend);
+    if (!st.ok()) return "error " + st.to_string();
+    const uint64_t next = load_word(*local) + 1;
+    std::memcpy(local->data(), &next, sizeof next);
+    st = run_ops(manager, {Op::write(*word, *local)});
+    if (!st.ok()) return "error " + st.to_string();
+    st = run_ops(manager, {Op::compare_and_swap(*lock, *local, id, 0)});
+    if (!st.ok()) return "error " + st.to_string();
+    if (load_word(*local) != id) {
+      return "error the lock held " + std::to_string(load_word(*local)) + ", not " +
+             std::to_string(id) + ", when this peer freed it";
+    }
+  }
+  return "ok " + backend;
+}
+
 std::string answer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, const std::string& line,
                    bool* exit_now) {
   std::istringstream in(line);
@@ -158,6 +250,7 @@ std::string answer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, cons
   size_t index = 0;
   uint64_t offset = 0, length = 0, seed = 0, start = 0;
   if (cmd == "ping") return "pong";
+  if (cmd == "add" || cmd == "locked-add") return answer_atomics(manager, cmd, in);
   if (cmd == "endpoint-connect") {
     std::string address;
     if (!(in >> address)) return "error usage: endpoint-connect ADDRESS";

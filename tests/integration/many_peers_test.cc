@@ -14,8 +14,8 @@
 #include <string>
 
 #include "backends/tcp/protocol.h"
-#include "common/hello.h"
 #include "common/socket.h"
+#include "tests/helpers/raw_tcp.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
@@ -25,22 +25,10 @@ constexpr size_t kHealthy = 256;
 constexpr uint64_t kRegion = 4096;  // each healthy peer's own bytes
 constexpr uint64_t kSeed = 401;
 
-// A tcp data connection to the owner of `buffer`, its hello answered; an
-// invalid Fd on failure.
-Fd data_connection_to(const RemoteBuffer& buffer) {
-  auto where = parse_host_port(buffer.owner().address);
-  if (!where.ok()) return Fd();
-  auto fd = connect_tcp(*where, Clock::now() + kTimeout);
-  if (!fd.ok()) return Fd();
-  Hello hello{Channel::kTcpData, 9, buffer.owner().manager_id};
-  if (!exchange_hello(fd->get(), hello, Clock::now() + kTimeout).ok()) return Fd();
-  return std::move(fd).value();
-}
-
 // A data connection that has sent half a request and then nothing: busy
 // (mid-frame) until the owner's stall timeout, never idle.
 Fd half_a_request_to(const RemoteBuffer& buffer) {
-  Fd fd = data_connection_to(buffer);
+  Fd fd = data_connection_to(buffer, Clock::now() + kTimeout);
   const uint8_t half[20] = {static_cast<uint8_t>(tcp::RequestKind::kRead)};
   if (!fd.valid() || ::send(fd.get(), half, sizeof half, MSG_NOSIGNAL) != sizeof half) return Fd();
   return fd;
@@ -50,7 +38,7 @@ Fd half_a_request_to(const RemoteBuffer& buffer) {
 class RawPeer {
  public:
   static std::unique_ptr<RawPeer> connect(const RemoteBuffer& buffer) {
-    Fd fd = data_connection_to(buffer);
+    Fd fd = data_connection_to(buffer, Clock::now() + kTimeout);
     if (!fd.valid()) return nullptr;
     auto peer = std::make_unique<RawPeer>();
     peer->fd_ = std::move(fd);
@@ -75,14 +63,7 @@ class RawPeer {
 
  private:
   bool send_request(tcp::RequestKind kind, uint64_t offset, uint64_t length) {
-    tcp::RequestHeader h{};
-    h.kind = static_cast<uint8_t>(kind);
-    h.request_id = ++last_id_;
-    h.buffer_id = buffer_.id();
-    std::memcpy(h.token, buffer_.token().data(), sizeof h.token);
-    h.region_size = buffer_.region_size();
-    h.offset = offset;
-    h.length = length;
+    tcp::RequestHeader h = request_on(buffer_, kind, ++last_id_, offset, length);
     return send_exact(fd_.get(), &h, sizeof h, Clock::now() + kTimeout).ok();
   }
 
@@ -157,7 +138,7 @@ TEST(ManyPeersTest, HundredsOfHealthyPeersBesideFaultyOnes) {
     }
   });
   // A peer that sends garbage after its hello.
-  Fd garbage_fd = data_connection_to(shared);
+  Fd garbage_fd = data_connection_to(shared, Clock::now() + kTimeout);
   ASSERT_TRUE(garbage_fd.valid());
   std::vector<uint8_t> junk(64, 0xEE);
   ASSERT_EQ(::send(garbage_fd.get(), junk.data(), junk.size(), MSG_NOSIGNAL),

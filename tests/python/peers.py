@@ -103,6 +103,21 @@ def reader_main(handles: Dict[str, rdmabuf.RDMABuffer], conn: Any) -> None:
         conn.send(RuntimeError(traceback.format_exc()))
 
 
+def adder_main(word: rdmabuf.RDMABuffer, count: int, conn: Any) -> None:
+    """Adds 1 to the remote `word` `count` times, in RDMAActions of 10 adds;
+    sends the previous values it saw (a list), or the exception."""
+    try:
+        seen = np.zeros(count, dtype=np.uint64)
+        for start in range(0, count, 10):
+            action = rdmabuf.RDMAAction()
+            for i in range(start, min(start + 10, count)):
+                action.fetch_add(word, seen[i:i + 1], 1)
+            action.submit().get()
+        conn.send(seen.tolist())
+    except Exception as e:  # reported to the test, which fails
+        conn.send(RuntimeError(traceback.format_exc()))
+
+
 def configure_main(conn: Any) -> None:
     """configure() and config() in a fresh process (rdmabuf unused before)."""
     results: Dict[str, Any] = {}

@@ -24,6 +24,7 @@ torch = needs.module("torch")
 
 import rdmabuf
 from rdmabuf import (
+    InvalidArgumentError,
     RDMAAction,
     RDMABuffer,
     RDMATcpFallbackWarning,
@@ -147,13 +148,48 @@ def test_arguments_in_the_wrong_order_are_a_type_error() -> None:
     buf.drop()
 
 
-def test_atomics_are_names_that_say_they_are_not_implemented() -> None:
-    buf = RDMABuffer(np.zeros(16, dtype=np.uint64))
+def test_fetch_add_and_compare_and_swap_with_monarchs_signatures() -> None:
+    data = np.zeros(4, dtype=np.uint64)
+    buf = RDMABuffer(data)
+    word = buf.slice(8, 8)
+    out = np.full(1, 77, dtype=np.uint64)
+    RDMAAction().fetch_add(word, out, 5).submit().get()
+    assert (out[0], data[1]) == (0, 5)
+    RDMAAction().fetch_add(word, out, -2).submit().get()  # wraps: subtracts
+    assert (out[0], data[1]) == (5, 3)
+    RDMAAction().compare_and_swap(word, out, 7, 10).submit().get()  # no match
+    assert (out[0], data[1]) == (3, 3)
+    previous = torch.zeros(1, dtype=torch.int64)  # a tensor as dst
+    RDMAAction().compare_and_swap(word, previous, 3, 2**64 - 1).submit().get()
+    assert int(previous[0]) == 3 and data[1] == 2**64 - 1
+    # A batch of adds on one word, and reads beside them: each add sees the one before.
+    outs = np.zeros(8, dtype=np.uint64)
+    action = RDMAAction()
+    for i in range(8):
+        action.fetch_add(buf.slice(16, 8), outs[i:i + 1], 1)
+    action.submit().get()
+    assert sorted(outs.tolist()) == list(range(8)) and data[2] == 8
+    assert data[0] == 0 and data[3] == 0  # the neighbours untouched
+    buf.drop()
+
+
+def test_atomics_refuse_what_is_not_one_aligned_word() -> None:
+    data = np.zeros(4, dtype=np.uint64)
+    buf = RDMABuffer(data)
     out = np.zeros(1, dtype=np.uint64)
-    with pytest.raises(NotImplementedError, match="fetch_add"):
+    with pytest.raises(InvalidArgumentError, match="one 8-byte word"):
         RDMAAction().fetch_add(buf, out, 1)
-    with pytest.raises(NotImplementedError, match="compare_and_swap"):
-        RDMAAction().compare_and_swap(buf, out, 0, 1)
+    with pytest.raises(InvalidArgumentError, match="less than the word's 8 B"):
+        RDMAAction().fetch_add(buf.slice(0, 8), np.zeros(4, dtype=np.uint8), 1)
+    with pytest.raises(InvalidArgumentError, match="does not fit in a 64-bit word"):
+        RDMAAction().compare_and_swap(buf.slice(0, 8), out, 2**64, 1)
+    with pytest.raises(TypeError, match="compare_and_swap: src must be an RDMABuffer"):
+        RDMAAction().compare_and_swap(out, buf, 0, 1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="not 8-byte aligned"):
+        RDMAAction().fetch_add(buf.slice(4, 8), out, 1).submit().get()
+    with pytest.raises(ValueError, match="overlaps"):  # two previous values into one place
+        RDMAAction().fetch_add(buf.slice(0, 8), out, 1).fetch_add(buf.slice(8, 8), out, 1).submit()
+    assert not data.any()
     buf.drop()
 
 

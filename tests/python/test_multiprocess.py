@@ -92,6 +92,36 @@ def test_spawned_reader_reads_and_writes_our_buffers(spawn: Any) -> None:
         h.drop()
 
 
+def test_processes_adding_to_one_remote_counter_see_every_value_once(spawn: Any) -> None:
+    counters = np.zeros(2, dtype=np.uint64)
+    buf = rdmabuf.RDMABuffer(counters)
+    processes, count = 4, 500
+    pipes, procs = [], []
+    for _ in range(processes):
+        conn, child = spawn.Pipe()
+        proc = spawn.Process(target=peers.adder_main, args=(buf.slice(8, 8), count, child),
+                             daemon=True)
+        proc.start()
+        child.close()
+        pipes.append(conn)
+        procs.append(proc)
+    seen = []
+    try:
+        for conn in pipes:
+            assert conn.poll(120), "an adder process did not answer"
+            out = conn.recv()
+            if isinstance(out, Exception):
+                raise out
+            seen += out
+    finally:
+        for proc in procs:
+            proc.join(30)
+    assert counters[1] == processes * count
+    assert sorted(seen) == list(range(processes * count))
+    assert counters[0] == 0
+    buf.drop()
+
+
 def test_many_concurrent_reads_with_gather(owner: Owner) -> None:
     np_buf = owner.buffers["np"]
     piece = 4096

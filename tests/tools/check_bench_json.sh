@@ -3,7 +3,8 @@
 # peer process, with the peer tools installed here measured beside it. It
 # must exit 0 and print only JSON objects, one a line, each with the fields
 # docs/cli.md lists; every rdmabuf row names this backend; and where iperf3
-# is installed (tcp), its row must be there. Exit 77 (a skip) when the
+# is installed (tcp), its row must be there, as must the fetch-add rate row
+# over tcp. Exit 77 (a skip) when the
 # backend is not viable here.
 #
 #   check_bench_json.sh RDMABUF_TOOL BACKEND
@@ -49,6 +50,9 @@ if any(r["backend"] != backend for r in ours):
     sys.exit(f"FAIL: an rdmabuf row names another backend than {backend}")
 if not any(r["kind"] == "bandwidth" and r["gbps"] > 0 for r in ours):
     sys.exit("FAIL: no bandwidth row with a figure")
+if backend == "tcp" and not any(r["op"] == "fetch-add" and r["kind"] == "rate"
+                                and r["ops_per_s"] > 0 for r in ours):
+    sys.exit("FAIL: no fetch-add rate row over tcp")
 if expect_iperf and not any(r["system"] == "iperf3" and r["gbps"] > 0 for r in rows):
     sys.exit("FAIL: iperf3 is installed but its row is missing")
 print(f"bench --json --backend {backend}: {len(rows)} rows, all JSON")
