@@ -293,6 +293,10 @@ Status Backend::takes_local_memory(const LocalMemory& local, const RemoteBuffer&
   return FailedPrecondition(std::string(name()) + " moves host memory only");
 }
 
+Status Backend::can_apply_atomics(const RemoteBuffer& /*remote*/) const {
+  return FailedPrecondition("it does not carry atomics");
+}
+
 Result<std::unique_ptr<MessageChannel>> Backend::open_message_channel() {
   return FailedPrecondition("the " + std::string(name()) + " backend carries no messages");
 }

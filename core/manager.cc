@@ -427,10 +427,12 @@ Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op, size_t first_
       add_note(name, slot.reason);
       continue;
     }
-    if (op.is_atomic() && !slot.backend->carries_atomics()) {
-      add_note(name,
-               "atomics are applied by the owner's manager, which this transport does not ask");
-      continue;
+    if (op.is_atomic()) {
+      Status atomics = slot.backend->can_apply_atomics(remote);
+      if (!atomics.ok()) {
+        add_note(name, atomics.message());
+        continue;
+      }
     }
     Status reach = slot.backend->can_reach(remote);
     if (!reach.ok()) {
@@ -438,7 +440,7 @@ Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op, size_t first_
       consider_refusal(reach);
       continue;
     }
-    // Atomics go to the owner's manager over tcp whatever carries the bytes.
+    // An atomic takes tcp where nothing else can apply it (docs/atomics.md).
     if (slot.factory->level == TransportLevel::kTcp && !config_.allow_tcp_fallback &&
         !op.is_atomic()) {
       return FailedPrecondition(describe_op(op) +

@@ -61,9 +61,9 @@ constexpr const char* kHelp = R"(usage: rdmabuf bench [--backend NAME] [--sizes 
 Measures one-sided reads and writes over one backend against a peer
 process it starts here (`rdmabuf serve`), or against the buffer behind
 --connect: setup costs, the latency of single 8 B and 4 KiB ops (p50, p99),
-the rate of --batch 64 B ops submitted at once (and, over tcp, of --batch
-8 B fetch-and-adds on one word), and bandwidth at each of --sizes; medians
-after warm-up. Reads from its own peer are checked byte
+the rate of --batch 64 B ops submitted at once (and of --batch 8 B
+fetch-and-adds on one word, over tcp and memory), and bandwidth at each of
+--sizes; medians after warm-up. Reads from its own peer are checked byte
 for byte. With its own peer it also measures, in the same run and where
 installed: iperf3 beside tcp, memcpy and ucx_perftest beside memory,
 perftest beside ibverbs; and prints the ratio to each (above 1: rdmabuf
@@ -547,7 +547,9 @@ int cmd_bench(int argc, char** argv) {
   for (uint64_t size : o.sizes) {
     if (run_ucx && (size <= (4u << 20) || size == (64u << 20))) single_sizes.push_back(size);
   }
-  int total = 4 + 2 + (backend == "tcp" ? 1 : 0) +
+  const bool measure_atomics =
+      backend == "tcp" || (backend == "memory" && o.host_memory == HostMemory::kShared);
+  int total = 4 + 2 + (measure_atomics ? 1 : 0) +
               2 * static_cast<int>(o.sizes.size() * o.layouts.size() + single_sizes.size()) +
               (run_iperf ? 3 : 0);
   Progress progress(total, o.quiet);
@@ -623,19 +625,29 @@ int cmd_bench(int argc, char** argv) {
       }
     }
   }
-  // Atomics always go to the owner's manager over tcp: measured in tcp runs.
-  // Beside it, UCX's fetch-and-add over tcp with as many in flight.
-  if (backend == "tcp") {
+  // Atomics, where this backend carries them (tcp; memory, on a buffer in a
+  // shared file), beside UCX's fetch-and-add over the same kind of
+  // transport with as many in flight.
+  if (measure_atomics) {
     const bool ucx_fadd = local_peer && on_path("ucx_perftest");
     progress.step("rate: fetch-add 8 B x " + std::to_string(o.batch) +
-                  (ucx_fadd ? ", and ucx_perftest ucp_fadd over tcp" : ""));
-    st = record(bench.atomic_rate(static_cast<uint64_t>(o.batch), rate_reps));
-    if (!st.ok()) return fail(st);
-    if (ucx_fadd) {
-      auto figure = run_ucx_perftest("ucp_fadd", 8, kUcxRateIterations, UcxEnv{{"UCX_TLS", "tcp"}},
-                                     std::chrono::seconds(120), o.batch);
+                  (ucx_fadd ? ", and ucx_perftest ucp_fadd" : ""));
+    auto atomics = bench.atomic_rate(static_cast<uint64_t>(o.batch), rate_reps);
+    if (atomics.status().code() == StatusCode::kFailedPrecondition) {
+      std::fprintf(stderr, "\nrdmabuf bench: no fetch-add row: %s\n",
+                   atomics.status().to_string().c_str());
+    } else {
+      st = record(atomics);
+      if (!st.ok()) return fail(st);
+    }
+    const char* transports = backend == "tcp" ? "tcp" : "posix,sysv,self";
+    if (ucx_fadd && atomics.ok()) {
+      auto figure =
+          run_ucx_perftest("ucp_fadd", 8, kUcxRateIterations, UcxEnv{{"UCX_TLS", transports}},
+                           std::chrono::seconds(120), o.batch);
       if (figure.ok()) {
-        results.back().peer = "ucx tcp ucp_fadd";
+        results.back().peer =
+            std::string("ucx ") + (backend == "tcp" ? "tcp" : "posix") + " ucp_fadd";
         results.back().peer_ops_per_s = figure->ops_per_s;
       } else {
         std::fprintf(stderr, "\nrdmabuf bench: ucx_perftest ucp_fadd failed: %s\n",

@@ -95,6 +95,12 @@ class IbverbsBackend final : public Backend {
     return it == connections_.end() ? Status::Ok() : it->second->health();
   }
 
+  // A NIC's atomics are atomic only with that NIC's (IBV_ATOMIC_HCA), not
+  // with the CPU atomics the other transports apply to the same words.
+  Status can_apply_atomics(const RemoteBuffer&) const override {
+    return FailedPrecondition("a NIC's atomics are not atomic with the CPU's");
+  }
+
   // GPU memory the NIC can register is read and written by the NIC itself.
   Status takes_local_memory(const LocalMemory& local, const RemoteBuffer&) const override {
     if (!local.on_gpu()) return Status::Ok();

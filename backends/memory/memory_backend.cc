@@ -241,6 +241,26 @@ class MemoryBackend final : public Backend {
     return Status::Ok();
   }
 
+  // Atomics are applied by this process's CPU to the owner's buffer mapped
+  // from its shared file: the same memory the owner's manager applies other
+  // peers' atomics to, so they are atomic with each other. Other memory
+  // (process_vm_writev cannot be atomic) goes to the owner's manager.
+  Status can_apply_atomics(const RemoteBuffer& remote) const override {
+    const BackendContext* ctx = remote.context("memory");
+    if (!ctx) return FailedPrecondition("the owner does not offer it");
+    RDMABUF_ASSIGN_OR_RETURN(HandleContext c, decode_context(ctx->data));
+    auto view = const_cast<MemoryBackend*>(this)->view_for(remote.owner(), c);
+    if (!view->usable.ok()) return view->usable;
+    // A hint, as remote_on_gpu's: apply_atomics checks again under its pin.
+    const Slot& slot = view->segment->slot(c.slot);
+    if (slot.on_gpu) return FailedPrecondition("the owner's buffer is in GPU memory");
+    if (!slot.in_file) {
+      return FailedPrecondition(
+          "atomics need the owner's buffer mapped here, and it is not in a shared file");
+    }
+    return Status::Ok();
+  }
+
   Status takes_local_memory(const LocalMemory& local, const RemoteBuffer& remote) const override {
     if (!local.on_gpu() || remote_on_gpu(remote)) return Status::Ok();
     return FailedPrecondition(
@@ -435,6 +455,24 @@ class MemoryBackend final : public Backend {
       complete_all(Cancelled("cancelled"));
       return;
     }
+    if (is_atomic_kind(job.kind)) {
+      std::vector<Status> each;
+      bool hand_on = false;
+      Status st = apply_atomics(job, each, &hand_on);
+      t.end_touch();
+      if (hand_on) {  // none applied: the owner's manager applies them
+        env_.router->reroute(
+            job.transfer, std::span<const uint32_t>(job.ops.begin(), job.ops.size()), "memory", st);
+      } else if (!st.ok()) {
+        complete_all(st);
+      } else {
+        for (size_t k = 0; k < each.size(); ++k) {
+          const uint32_t i = job.ops.begin()[k];
+          t.complete_part(i, each[k].ok() ? each[k] : with_op(t, i, each[k]));
+        }
+      }
+      return;
+    }
     Status st = copy(job);
     t.end_touch();
     if (!st.ok() && job.ops.size() > 1) {
@@ -532,6 +570,56 @@ class MemoryBackend final : public Backend {
       expected += v.iov_len;
     RDMABUF_RETURN_IF_ERROR(pin.arm(local.data(), remote.data(), local.size()));
     return transfer_all(view.pid, job.kind, local, remote, expected, pin);
+  }
+
+  // Applies the atomics of `job` with this CPU's atomic instructions on the
+  // owner's buffer, mapped here from its shared file, under a pin. Each op's
+  // status goes to `each`, in order. Non-OK when none was applied (every op
+  // fails with it); with `*hand_on` set when the buffer cannot be mapped
+  // here after all, for the owner's manager to apply them instead.
+  Status apply_atomics(Job& job, std::vector<Status>& each, bool* hand_on) {
+    OwnerView& view = *job.view;
+    view.files->sweep(*view.segment);
+    const Slot& slot = view.segment->slot(job.slot);
+    Pin pin;
+    RDMABUF_RETURN_IF_ERROR(pin.acquire(*view.segment, job.slot, job.generation,
+                                        /*uncancellable=*/slot.in_file != 0));
+    for (uint32_t i : job.ops) {
+      RDMABUF_RETURN_IF_ERROR(check_against_slot(slot, job.transfer->op(i).remote));
+    }
+    if (slot.on_gpu) return InvalidArgument("atomics on GPU memory are not supported");
+    if (!slot.in_file) {
+      *hand_on = true;
+      return FailedPrecondition("the owner's buffer is not in a shared file");
+    }
+    if (!view.recently_alive()) {
+      view.files->clear();
+      return Unavailable("the owner process has exited");
+    }
+    auto at = view.files->address_of(slot, job.slot, job.generation);
+    if (!at.ok()) {
+      *hand_on = true;
+      return at.status();
+    }
+    if (!pin.armed_uncancellable()) RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
+    for (uint32_t i : job.ops) {
+      const Op& op = job.transfer->op(i);
+      std::byte* word = at->base + op.remote.offset();
+      if (reinterpret_cast<uintptr_t>(word) % Op::kAtomicWordBytes != 0) {
+        each.push_back(InvalidArgument("the word is not 8-byte aligned in its owner's memory"));
+        continue;
+      }
+      std::atomic_ref<uint64_t> ref(*reinterpret_cast<uint64_t*>(word));
+      uint64_t previous = op.compare;
+      if (op.kind == OpKind::kFetchAdd) {
+        previous = ref.fetch_add(op.operand);
+      } else {
+        ref.compare_exchange_strong(previous, op.operand);
+      }
+      std::memcpy(op.local.data(), &previous, sizeof previous);
+      each.push_back(Status::Ok());
+    }
+    return Status::Ok();
   }
 
   // The copy of a buffer in GPU memory, by the CUDA driver, under `pin`.

@@ -41,7 +41,7 @@ class TcpBackend final : public Backend {
 
   Status can_reach(const RemoteBuffer&) const override { return Status::Ok(); }
   // The owner's ServerConnection applies them.
-  bool carries_atomics() const override { return true; }
+  Status can_apply_atomics(const RemoteBuffer&) const override { return Status::Ok(); }
 
   void submit(const std::shared_ptr<TransferState>& transfer,
               std::span<const uint32_t> indices) override {

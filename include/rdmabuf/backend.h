@@ -461,12 +461,16 @@ class Backend {
   // reason in its note. The default: host memory only.
   virtual Status takes_local_memory(const LocalMemory& local, const RemoteBuffer& remote) const;
 
-  // Reader side: whether this backend carries atomics (Op::is_atomic). A
-  // backend that does sends each to the owner's manager, which applies it
-  // on the CPU (so that atomics on one word are atomic with each other,
-  // whichever peer sent them). The default: no; the manager then routes
-  // atomics to the next backend the owner offers.
-  virtual bool carries_atomics() const { return false; }
+  // Reader side: OK when this backend carries atomics (Op::is_atomic) on
+  // `remote`; otherwise why not. A backend that does applies each with a
+  // CPU atomic instruction on the owner's memory, by its own CPU (same
+  // host, memory both map) or by asking the owner's manager to: so that
+  // atomics on one word are atomic with each other, whichever peer and
+  // transport each came by (never with a NIC's atomics, which are not
+  // coherent with the CPU's on most devices). Cheap, as can_reach. The
+  // default: not carried; the manager then routes atomics to the next
+  // backend the owner offers.
+  virtual Status can_apply_atomics(const RemoteBuffer& remote) const;
 
   // Reader side. Starts ops `indices` of `transfer` (already validated:
   // ranges fit, sizes follow the read/write rules, length > 0; atomics

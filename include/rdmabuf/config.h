@@ -33,7 +33,8 @@ struct Config {
 
   // RDMABUF_ALLOW_TCP_FALLBACK (0/1). When false, an op that would have to
   // move its bytes over TCP fails with kFailedPrecondition instead. Atomics
-  // are exempt: they always go to the owner's manager over TCP.
+  // are exempt: where no mapping of the owner's memory carries them, they
+  // go to the owner's manager over TCP.
   bool allow_tcp_fallback = true;
 
   // RDMABUF_TCP_STREAMS. Connections opened to each peer; large ops are cut

@@ -21,7 +21,9 @@ enum class OpKind : uint8_t {
   // 8-byte aligned buffer), and its previous value lands in the first 8
   // bytes of the local range (host memory, native byte order). Atomic with
   // respect to every other rdmabuf atomic on the same word, from any peer:
-  // the owner's manager applies them all (docs/atomics.md). An atomic that
+  // each is a CPU atomic instruction on the owner's memory, by the owner's
+  // manager or, on one host, by the reader on memory both map
+  // (docs/atomics.md). An atomic that
   // fails with kUnavailable or kDeadlineExceeded may have been applied.
   //
   // Adds `operand` to the word (wrapping, unsigned).
@@ -29,6 +31,10 @@ enum class OpKind : uint8_t {
   // Sets the word to `operand` if it equals `compare`.
   kCompareAndSwap = 3,
 };
+
+constexpr bool is_atomic_kind(OpKind kind) {
+  return kind == OpKind::kFetchAdd || kind == OpKind::kCompareAndSwap;
+}
 
 struct Op {
   OpKind kind = OpKind::kReadIntoLocal;
@@ -56,7 +62,7 @@ struct Op {
     return Op{OpKind::kCompareAndSwap, std::move(word), std::move(previous), desired, expected};
   }
 
-  bool is_atomic() const { return kind == OpKind::kFetchAdd || kind == OpKind::kCompareAndSwap; }
+  bool is_atomic() const { return is_atomic_kind(kind); }
   // The bytes this op moves (an atomic's word: 8).
   uint64_t bytes() const {
     switch (kind) {

@@ -352,7 +352,7 @@ class RDMAAction:
         one-element torch.int64 tensor or numpy.uint64 array). The word is an
         unsigned 64-bit integer: `add` wraps modulo 2**64, so a negative one
         subtracts. Atomic with every other rdmabuf atomic on the word, from
-        any process; the owner's manager applies it (see docs/atomics.md)."""
+        any process (see docs/atomics.md)."""
         self._ops.append(_atomic_op(_FETCH_ADD, "fetch_add", src, dst, add, 0))
         return self
 

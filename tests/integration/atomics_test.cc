@@ -22,13 +22,16 @@ struct Owner {
   LocalMemory memory;
   RemoteBuffer handle;
 
-  static Owner make(size_t size = 4096) {
+  // `in_file`: the page is in a shared file (LocalMemory::allocate), which
+  // same-host readers map; else private memory, which they cannot.
+  static Owner make(bool in_file = true) {
+    constexpr size_t size = 4096;
     Owner o;
     auto m = Manager::create(Config{});
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     if (!m.ok()) return o;
     o.manager = std::move(m).value();
-    o.memory = *LocalMemory::allocate(size);
+    o.memory = in_file ? *LocalMemory::allocate(size) : *LocalMemory::allocate_private(size);
     std::memset(o.memory.data(), 0, size);
     auto h = o.manager->register_buffer(o.memory);
     EXPECT_TRUE(h.ok()) << h.status().to_string();
@@ -67,9 +70,12 @@ std::vector<std::string> ask_all(std::vector<std::unique_ptr<TestPeer>>& peers,
   return answers;
 }
 
-std::vector<std::unique_ptr<TestPeer>> start_peers(size_t n, std::vector<std::string> env = {}) {
+// `n` peers; with `every_other_tcp`, peers 1, 3, ... use tcp only.
+std::vector<std::unique_ptr<TestPeer>> start_peers(size_t n, bool every_other_tcp) {
   std::vector<std::unique_ptr<TestPeer>> peers;
   for (size_t i = 0; i < n; ++i) {
+    std::vector<std::string> env;
+    if (every_other_tcp && i % 2 == 1) env.push_back("RDMABUF_BACKENDS=tcp");
     peers.push_back(start_peer({}, env));
     if (!peers.back()) return {};
   }
@@ -80,20 +86,27 @@ TEST(AtomicsTest, EightProcessesAddingToOneCounterEndAtExactlyTheirSum) {
   constexpr uint64_t kProcesses = 8, kAdds = 10000;
   Owner owner = Owner::make();
   ASSERT_NE(owner.manager, nullptr);
-  auto peers = start_peers(kProcesses);
+  // Half of them apply their atomics with their own CPU on the owner's
+  // memory, which they map (the memory transport); the other half ask the
+  // owner's manager to (tcp): both on one word at once.
+  auto peers = start_peers(kProcesses, /*every_other_tcp=*/true);
   ASSERT_EQ(peers.size(), kProcesses);
-  // Batches of 100: each process's adds run on its several connections at
-  // once, besides the other processes'.
-  std::vector<std::string> lines(
-      kProcesses, "add " + owner.word(3).to_text() + " " + std::to_string(kAdds) + " 100");
+  // Batches of 100 over tcp (each process's adds run on its several
+  // connections at once, besides the other processes'), one add at a time
+  // over memory, so that both kinds run about as long.
+  std::vector<std::string> lines;
+  for (uint64_t p = 0; p < kProcesses; ++p) {
+    lines.push_back("add " + owner.word(3).to_text() + " " + std::to_string(kAdds) +
+                    (p % 2 == 1 ? " 100" : " 1"));
+  }
   std::vector<std::string> answers = ask_all(peers, lines);
   uint64_t sum = 0, sum_of_squares = 0;
-  for (const std::string& answer : answers) {
-    std::istringstream in(answer);
+  for (size_t p = 0; p < answers.size(); ++p) {
+    std::istringstream in(answers[p]);
     std::string word, backend;
     uint64_t s = 0, sq = 0;
-    ASSERT_TRUE(in >> word >> s >> sq >> backend && word == "added") << answer;
-    EXPECT_EQ(backend, "tcp") << "atomics go to the owner's manager";
+    ASSERT_TRUE(in >> word >> s >> sq >> backend && word == "added") << answers[p];
+    EXPECT_EQ(backend, p % 2 == 1 ? "tcp" : "memory") << "peer " << p;
     sum += s;
     sum_of_squares += sq;
   }
@@ -113,43 +126,59 @@ TEST(AtomicsTest, EightProcessesAddingToOneCounterEndAtExactlyTheirSum) {
 }
 
 // The peers' reads and writes of the protected word go over the memory
-// transport (same host) or tcp; their atomics go to the owner's manager
-// over tcp either way.
+// transport (same host) or tcp, and so do their atomics: applied by their
+// own CPU on the owner's buffer, which they map, or by the owner's manager.
 class LockTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LockTest, ALockBuiltFromCompareAndSwapKeepsACriticalSectionExclusive) {
   constexpr uint64_t kProcesses = 4, kRounds = 250;
   Owner owner = Owner::make();
   ASSERT_NE(owner.manager, nullptr);
-  std::vector<std::string> env;
-  if (GetParam() == "tcp") env.push_back("RDMABUF_BACKENDS=tcp");
-  auto peers = start_peers(kProcesses, env);
-  ASSERT_EQ(peers.size(), kProcesses);
+  // "mixed": peers 1 and 3 use tcp only.
+  auto over_tcp = [](uint64_t peer) {
+    return GetParam() == "tcp" || (GetParam() == "mixed" && peer % 2 == 1);
+  };
+  std::vector<std::unique_ptr<TestPeer>> peers;
+  for (uint64_t i = 0; i < kProcesses; ++i) {
+    std::vector<std::string> env;
+    if (over_tcp(i)) env.push_back("RDMABUF_BACKENDS=tcp");
+    peers.push_back(start_peer({}, env));
+    ASSERT_NE(peers.back(), nullptr);
+  }
   std::vector<std::string> lines;
   for (uint64_t i = 0; i < kProcesses; ++i) {
     lines.push_back("locked-add " + owner.word(0).to_text() + " " + owner.word(1).to_text() + " " +
                     std::to_string(kRounds) + " " + std::to_string(i + 1));
   }
-  for (const std::string& answer : ask_all(peers, lines))
-    EXPECT_EQ(answer, "ok " + GetParam());
+  std::vector<std::string> answers = ask_all(peers, lines);
+  for (uint64_t i = 0; i < kProcesses; ++i)
+    EXPECT_EQ(answers[i], over_tcp(i) ? "ok tcp" : "ok memory") << "peer " << i;
   // A read-modify-write by plain reads and writes loses updates unless the
   // lock kept every other process out while it ran.
   EXPECT_EQ(owner.value(1), kProcesses * kRounds);
   EXPECT_EQ(owner.value(0), 0u) << "the lock is free at the end";
 }
 
-INSTANTIATE_TEST_SUITE_P(BytesOver, LockTest, ::testing::Values("memory", "tcp"));
+INSTANTIATE_TEST_SUITE_P(PeersOver, LockTest, ::testing::Values("memory", "tcp", "mixed"));
 
-TEST(AtomicsTest, ResultsRefusalsAndBatches) {
-  Owner owner = Owner::make();
+// Each case: whether the reader uses tcp only, whether the owner's page is
+// in a shared file, and the backend that then applies the atomics.
+struct AtomicsCase {
+  bool tcp_only;
+  bool in_file;
+  std::string backend;
+};
+
+class AtomicsResultsTest : public ::testing::TestWithParam<AtomicsCase> {};
+
+TEST_P(AtomicsResultsTest, ResultsRefusalsAndBatches) {
+  const AtomicsCase& c = GetParam();
+  Owner owner = Owner::make(c.in_file);
   ASSERT_NE(owner.manager, nullptr);
-  // The reader: tcp only, and the same host's managers with every backend.
-  for (bool tcp_only : {true, false}) {
-    SCOPED_TRACE(tcp_only ? "tcp only" : "every backend");
+  {
     std::unique_ptr<Manager> reader =
-        tcp_only ? make_manager() : std::move(Manager::create(Config{})).value();
+        c.tcp_only ? make_manager() : std::move(Manager::create(Config{})).value();
     ASSERT_NE(reader, nullptr);
-    std::memset(owner.memory.data(), 0, 64);
     LocalMemory previous = *LocalMemory::allocate(64);
 
     // fetch-add returns the previous value and wraps.
@@ -159,9 +188,10 @@ TEST(AtomicsTest, ResultsRefusalsAndBatches) {
     ASSERT_TRUE(run(*reader, {Op::fetch_add(owner.word(0), previous, ~uint64_t{0})}, &t).ok());
     EXPECT_EQ(word_at(previous), 5u);
     EXPECT_EQ(owner.value(0), 4u);
-    EXPECT_EQ(t.op_backend(0), "tcp");
-    if (!tcp_only) {
-      EXPECT_NE(t.op_note(0).find("memory: atomics are applied by the owner"), std::string::npos)
+    EXPECT_EQ(t.op_backend(0), c.backend);
+    if (!c.tcp_only && !c.in_file) {  // the memory transport says why not
+      EXPECT_NE(t.op_note(0).find("memory: atomics need the owner's buffer mapped here"),
+                std::string::npos)
           << t.op_note(0);
     }
 
@@ -203,26 +233,42 @@ TEST(AtomicsTest, ResultsRefusalsAndBatches) {
   }
 }
 
-TEST(AtomicsTest, TheOwnerRefusesAWordMisalignedInItsMemory) {
+INSTANTIATE_TEST_SUITE_P(Readers, AtomicsResultsTest,
+                         ::testing::Values(AtomicsCase{true, true, "tcp"},
+                                           AtomicsCase{false, true, "memory"},
+                                           AtomicsCase{false, false, "tcp"}),
+                         [](const ::testing::TestParamInfo<AtomicsCase>& param) {
+                           return std::string(param.param.tcp_only ? "tcp_only" : "every_backend") +
+                                  (param.param.in_file ? "_shared_file" : "_private_memory");
+                         });
+
+TEST(AtomicsTest, AWordMisalignedInTheOwnersMemoryIsRefused) {
   Owner owner = Owner::make();
   ASSERT_NE(owner.manager, nullptr);
   // A buffer that starts 4 bytes into the page: its offset 0 is aligned for
   // the reader, not in the owner's memory.
   auto handle = owner.manager->register_buffer(*owner.memory.slice(4, 64));
   ASSERT_TRUE(handle.ok()) << handle.status().to_string();
-  auto reader = make_manager();
-  ASSERT_NE(reader, nullptr);
-  LocalMemory previous = *LocalMemory::allocate(8);
-  Status st = run(*reader, {Op::fetch_add(*handle->slice(0, 8), previous, 1)});
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
-  EXPECT_NE(st.message().find("not 8-byte aligned in its memory"), std::string::npos)
-      << st.to_string();
-  EXPECT_EQ(owner.value(0), 0u);
-  EXPECT_EQ(owner.value(1), 0u);
-  // Released: NotFound, as for reads.
-  ASSERT_TRUE(owner.manager->release(*handle).ok());
-  st = run(*reader, {Op::fetch_add(*handle->slice(8, 8), previous, 1)});
-  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();
+  // Refused by the owner's manager (tcp), and by a reader that maps it (memory).
+  for (bool tcp_only : {true, false}) {
+    SCOPED_TRACE(tcp_only ? "tcp only" : "every backend");
+    auto reader = tcp_only ? make_manager() : std::move(Manager::create(Config{})).value();
+    ASSERT_NE(reader, nullptr);
+    LocalMemory previous = *LocalMemory::allocate(8);
+    Transfer t;
+    Status st = run(*reader, {Op::fetch_add(*handle->slice(0, 8), previous, 1)}, &t);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find("not 8-byte aligned in its"), std::string::npos) << st.to_string();
+    EXPECT_EQ(t.op_backend(0), tcp_only ? "tcp" : "memory");
+    EXPECT_EQ(owner.value(0), 0u);
+    EXPECT_EQ(owner.value(1), 0u);
+    // Released: NotFound, as for reads.
+    if (!tcp_only) {
+      ASSERT_TRUE(owner.manager->release(*handle).ok());
+      st = run(*reader, {Op::fetch_add(*handle->slice(8, 8), previous, 1)});
+      EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();
+    }
+  }
 }
 
 // What a raw peer's malformed atomic gets: the connection dropped, or a

@@ -171,6 +171,13 @@ def test_fetch_add_and_compare_and_swap_with_monarchs_signatures() -> None:
     assert sorted(outs.tolist()) == list(range(8)) and data[2] == 8
     assert data[0] == 0 and data[3] == 0  # the neighbours untouched
     buf.drop()
+    # In shared memory, which a same-host reader maps: applied by its own CPU.
+    shared = torch.zeros(4, dtype=torch.int64).share_memory_()
+    sbuf = RDMABuffer(shared)
+    RDMAAction().fetch_add(sbuf.slice(24, 8), out, 7).fetch_add(sbuf.slice(0, 8), outs[:1], -1) \
+        .submit().get()
+    assert shared.tolist() == [-1, 0, 0, 7] and out[0] == 0 and outs[0] == 0
+    sbuf.drop()
 
 
 def test_atomics_refuse_what_is_not_one_aligned_word() -> None:
