@@ -431,6 +431,7 @@ Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op, size_t first_
       Status atomics = slot.backend->can_apply_atomics(remote);
       if (!atomics.ok()) {
         add_note(name, atomics.message());
+        consider_refusal(atomics);  // the owner gone, say
         continue;
       }
     }
@@ -597,7 +598,8 @@ void ManagerImpl::reroute(const std::shared_ptr<TransferState>& transfer,
       transfer->fail_op(i, chosen.status());
       continue;
     }
-    log_note_once(op.remote, slots_[chosen->slot].factory->name, chosen->note);
+    // Atomics take the transport that can apply them by design: no warning.
+    if (!op.is_atomic()) log_note_once(op.remote, slots_[chosen->slot].factory->name, chosen->note);
     transfer->expect_parts(i, 1);  // the new backend may cut it differently
     assign(transfer, i, chosen->slot, chosen->note, per_slot);
   }

@@ -344,6 +344,10 @@ bool ReaderPlan::parse(std::span<const uint8_t>& bytes, ReaderPlan* plan) {
     uint8_t b = bytes[1 + i];
     bool write = b & 1u;
     size_t index = (b >> 1) & 7u;
+    if (b & 0x10u) {
+      plan->ops.push_back(PlannedOp{false, 8, static_cast<uint8_t>((b & 0x20u) ? 4 : 3)});
+      continue;
+    }
     plan->ops.push_back(PlannedOp{write, write ? kWriteLengths[index] : kReadLengths[index]});
   }
   bytes = bytes.subspan(1 + count);
@@ -354,6 +358,10 @@ std::vector<uint8_t> ReaderPlan::encode() const {
   std::vector<uint8_t> out;
   out.push_back(static_cast<uint8_t>((ops.size() - 1) | (chunk_size == (64 << 10) ? 4 : 0)));
   for (const PlannedOp& op : ops) {
+    if (op.atomic != 0) {
+      out.push_back(static_cast<uint8_t>(0x10 | (op.atomic == 4 ? 0x20 : 0)));
+      continue;
+    }
     std::span<const uint64_t> lengths = op.write ? std::span<const uint64_t>(kWriteLengths)
                                                  : std::span<const uint64_t>(kReadLengths);
     size_t index =
@@ -384,7 +392,7 @@ size_t request_bytes(const ReaderPlan& plan) {
   size_t total = 0;
   for (const auto& op : plan.ops) {
     size_t chunks = (op.length + plan.chunk_size - 1) / plan.chunk_size;
-    total += chunks * 64 + (op.write ? op.length : 0);
+    total += chunks * 64 + (op.write ? op.length : 0) + (op.atomic != 0 ? 16 : 0);
   }
   return total;
 }
@@ -408,7 +416,13 @@ ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replie
     const auto& planned = plan.ops[i];
     LocalMemory local = heap_memory(planned.length);
     std::memcpy(local.data(), initial_local(i).data(), planned.length);
-    if (planned.write) {
+    if (planned.atomic != 0) {
+      auto word = handle->slice(0, 8);
+      RDMABUF_FUZZ_CHECK(word.ok());
+      const PlannedOperands o = planned_operands(i, planned.atomic);
+      ops.push_back(planned.atomic == 3 ? Op::fetch_add(*word, local, o.first)
+                                        : Op::compare_and_swap(*word, local, o.first, o.second));
+    } else if (planned.write) {
       ops.push_back(Op::write(*handle, local));
     } else {
       auto remote = handle->slice(0, planned.length);

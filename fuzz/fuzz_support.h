@@ -112,12 +112,15 @@ std::vector<uint8_t> serve_requests(std::span<const uint8_t> requests,
 // as a tcp::Peer with one stream chunks them. Decoded from the first bytes
 // of an input: byte 0, bits 0-1: ops - 1; bit 2: chunk size 64 KiB (else
 // 4 KiB); then a byte per op: bit 0 write (else read), bits 1-3 its length
-// (an index into kReadLengths or kWriteLengths). Writes are at most 16 KiB,
-// so the reader always sends a write's payload together with its header.
+// (an index into kReadLengths or kWriteLengths); bit 4: instead, an atomic
+// on the word at offset 0 (bit 5: compare-and-swap, else fetch-and-add),
+// with the operands planned_operands gives. Writes are at most 16 KiB, so
+// the reader always sends a write's payload together with its header.
 struct ReaderPlan {
   struct PlannedOp {
     bool write = false;
     uint64_t length = 0;
+    uint8_t atomic = 0;  // 0: a read or write; else the tcp request kind (3, 4)
   };
   std::vector<PlannedOp> ops;
   uint64_t chunk_size = 4096;
@@ -129,6 +132,16 @@ struct ReaderPlan {
   std::vector<uint8_t> encode() const;
 };
 constexpr size_t kMaxPlannedOps = 4;
+// What the request of atomic op `op` carries after its header: fetch-and-add
+// (add, 0), compare-and-swap (expected, desired). Op::compare_and_swap
+// takes (expected, desired) too.
+struct PlannedOperands {
+  uint64_t first, second;
+};
+constexpr PlannedOperands planned_operands(size_t op, uint8_t kind) {
+  return kind == 3 ? PlannedOperands{0x0101010101010101u * (op + 1), 0}
+                   : PlannedOperands{op, 0xa5a5a5a5a5a5a5a5u + op};
+}
 constexpr uint64_t kReadLengths[] = {1, 8, 100, 4096, 4097, 16384, 20000, 32768};
 constexpr uint64_t kWriteLengths[] = {1, 8, 100, 4096, 4097, 16384, 4095, 2};
 
@@ -158,7 +171,7 @@ ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replie
                          size_t expect_requests = 0);
 
 // The request bytes `plan` makes a reader send: 64 per chunk, plus the
-// payload of each write chunk.
+// payload of each write chunk and the 16 operand bytes of each atomic.
 size_t request_bytes(const ReaderPlan& plan);
 
 }  // namespace rdmabuf::fuzz

@@ -2,26 +2,26 @@
 // done: the response frames and read payloads (backends/tcp/client.cc,
 // protocol.h).
 //
-// Feeds each input as a plan of up to 4 reads and writes (its first bytes,
-// see ReaderPlan in fuzz_support.h) and the bytes an owner sends back (the
-// rest): a real tcp::Peer with one stream runs the plan against a fake
-// owner on a loopback socket that answers the hello, sends those bytes and
-// shuts its side down.
+// Feeds each input as a plan of up to 4 reads, writes and atomics (its
+// first bytes, see ReaderPlan in fuzz_support.h) and the bytes an owner
+// sends back (the rest): a real tcp::Peer with one stream runs the plan
+// against a fake owner on a loopback socket that answers the hello, sends
+// those bytes and shuts its side down.
 //
-// Checks the outcome against a reader written from docs/wire-format.md
-// ("tcp data frames", "What each side refuses"), walking the replies in
-// request order: every op finishes (none hangs once the owner has hung
-// up); an op succeeds exactly when every chunk of it got a well-formed OK
-// reply (id and kind of the oldest outstanding request, zero reserved
-// fields; a read's payload length equal to its length, and the payload
-// whole; a write's zero); a refusal the owner sent fails the op with the
-// owner's status; a malformed reply fails that and every later chunk with
-// ProtocolError, and the end of the stream with Unavailable; a goodbye
-// (kind 0xff, every other field zero) makes the reader send what is
+// Checks the outcome against a reader written from docs/wire-format.md ("tcp
+// data frames", "What each side refuses"), walking the replies in request
+// order: every op finishes (none hangs once the owner has hung up); an op
+// succeeds exactly when every chunk of it got a well-formed OK reply (id and
+// kind of the oldest outstanding request, zero reserved fields; a read's
+// payload length equal to its length, and the payload whole; an atomic's 8,
+// and its word whole; a write's zero); a refusal the owner sent fails the op
+// with the owner's status; a malformed reply fails that and every later
+// chunk with ProtocolError, and the end of the stream with Unavailable; a
+// goodbye (kind 0xff, every other field zero) makes the reader send what is
 // unanswered again on a new connection, which the fake owner refuses at its
-// hello, failing those chunks with the refusal's status; an OK read
-// holds exactly the payload bytes the owner sent for it, a write's local
-// memory is as it was; and the reader sent exactly the requests of
+// hello, failing those chunks with the refusal's status; an OK read or
+// atomic holds exactly the payload bytes the owner sent for it, a write's
+// local memory is as it was; and the reader sent exactly the requests of
 // docs/wire-format.md for the plan's chunks.
 #include <algorithm>
 #include <cstddef>
@@ -45,17 +45,21 @@ bool is_owner_status(uint8_t code) {
 
 struct Chunk {
   size_t op;
-  bool write;
+  uint8_t kind;        // the request's: 1 read, 2 write, 3 fetch-and-add, 4 compare-and-swap
   uint64_t op_offset;  // within the op
   uint64_t length;
+  bool write() const { return kind == 2; }
+  // Whether an OK reply carries `length` bytes (a read's, an atomic's word).
+  bool returns_bytes() const { return kind != 2; }
 };
 
 std::vector<Chunk> chunks_of(const ReaderPlan& plan) {
   std::vector<Chunk> out;
   for (size_t i = 0; i < plan.ops.size(); ++i) {
     const auto& op = plan.ops[i];
+    const uint8_t kind = op.atomic != 0 ? op.atomic : op.write ? 2 : 1;
     for (uint64_t at = 0; at < op.length; at += plan.chunk_size)
-      out.push_back(Chunk{i, op.write, at, std::min(plan.chunk_size, op.length - at)});
+      out.push_back(Chunk{i, kind, at, std::min(plan.chunk_size, op.length - at)});
   }
   return out;
 }
@@ -69,7 +73,7 @@ std::vector<uint8_t> reference_requests(const ReaderPlan& plan) {
   uint64_t request_id = 1;
   for (const Chunk& c : chunks_of(plan)) {
     uint8_t h[64] = {};
-    h[0] = c.write ? 2 : 1;
+    h[0] = c.kind;
     std::memcpy(h + 8, &request_id, 8);
     std::memcpy(h + 16, &target.id, 8);
     std::memcpy(h + 24, token.data(), token.size());
@@ -78,7 +82,13 @@ std::vector<uint8_t> reference_requests(const ReaderPlan& plan) {
     std::memcpy(h + 48, &c.op_offset, 8);
     std::memcpy(h + 56, &c.length, 8);
     out.insert(out.end(), h, h + sizeof h);
-    if (c.write) {
+    if (c.kind >= 3) {
+      const PlannedOperands o = planned_operands(c.op, c.kind);
+      const uint64_t operands[2] = {o.first, o.second};
+      const auto* p = reinterpret_cast<const uint8_t*>(operands);
+      out.insert(out.end(), p, p + sizeof operands);
+    }
+    if (c.write()) {
       auto from = initial_local(c.op).begin() + static_cast<ptrdiff_t>(c.op_offset);
       out.insert(out.end(), from, from + static_cast<ptrdiff_t>(c.length));
     }
@@ -122,14 +132,15 @@ Expected reference_reader(const ReaderPlan& plan, std::span<const uint8_t> repli
           // The owner closes this connection: the reader sends what is
           // unanswered again on a new one, which this owner refuses.
           code = broken = kRefusedAgain;
-        } else if (load<uint64_t>(h, 8) != request_id || h[0] != ((c.write ? 2 : 1) | 0x80) ||
-            load<uint16_t>(h, 2) != 0 || load<uint32_t>(h, 4) != 0 || !is_owner_status(status) ||
-            (status != 0 && payload != 0) || (status == 0 && c.write && payload != 0) ||
-            (status == 0 && !c.write && payload != c.length)) {
+        } else if (load<uint64_t>(h, 8) != request_id || h[0] != (c.kind | 0x80) ||
+                   load<uint16_t>(h, 2) != 0 || load<uint32_t>(h, 4) != 0 ||
+                   !is_owner_status(status) || (status != 0 && payload != 0) ||
+                   (status == 0 && c.write() && payload != 0) ||
+                   (status == 0 && c.returns_bytes() && payload != c.length)) {
           code = broken = StatusCode::kProtocolError;
         } else if (status != 0) {
           code = static_cast<StatusCode>(status);
-        } else if (!c.write) {
+        } else if (c.returns_bytes()) {
           size_t arrived = static_cast<size_t>(std::min<uint64_t>(c.length, replies.size() - pos));
           std::copy(replies.begin() + static_cast<ptrdiff_t>(pos),
                     replies.begin() + static_cast<ptrdiff_t>(pos + arrived),

@@ -218,6 +218,9 @@ void write_tcp_frames(CorpusWriter& out) {
       // A large read (its payload sent from the buffer after the batch) and
       // a write to the same bytes, in one batch: the read must not see it.
       {"read_then_write_same_bytes", ReaderPlan{{Op{false, 20000}, Op{true, 8}}, 64 << 10}},
+      // Atomics between a read and a write of the same word.
+      {"reader_atomics",
+       ReaderPlan{{Op{false, 8}, Op{false, 8, 3}, Op{false, 8, 4}, Op{true, 8}}, 4 << 10}},
   };
   std::vector<std::pair<std::string, std::vector<uint8_t>>> servers, clients;
   for (const Named& n : plans) {

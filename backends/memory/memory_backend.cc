@@ -584,9 +584,6 @@ class MemoryBackend final : public Backend {
     Pin pin;
     RDMABUF_RETURN_IF_ERROR(pin.acquire(*view.segment, job.slot, job.generation,
                                         /*uncancellable=*/slot.in_file != 0));
-    for (uint32_t i : job.ops) {
-      RDMABUF_RETURN_IF_ERROR(check_against_slot(slot, job.transfer->op(i).remote));
-    }
     if (slot.on_gpu) return InvalidArgument("atomics on GPU memory are not supported");
     if (!slot.in_file) {
       *hand_on = true;
@@ -604,6 +601,12 @@ class MemoryBackend final : public Backend {
     if (!pin.armed_uncancellable()) RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
     for (uint32_t i : job.ops) {
       const Op& op = job.transfer->op(i);
+      // Each op's own size and token (a forged handle shares the slot).
+      Status genuine = check_against_slot(slot, op.remote);
+      if (!genuine.ok()) {
+        each.push_back(genuine);
+        continue;
+      }
       std::byte* word = at->base + op.remote.offset();
       if (reinterpret_cast<uintptr_t>(word) % Op::kAtomicWordBytes != 0) {
         each.push_back(InvalidArgument("the word is not 8-byte aligned in its owner's memory"));

@@ -474,7 +474,7 @@ class Backend {
 
   // Reader side. Starts ops `indices` of `transfer` (already validated:
   // ranges fit, sizes follow the read/write rules, length > 0; atomics
-  // only where carries_atomics() says yes). Returns
+  // only where can_apply_atomics() says OK). Returns
   // without waiting for the network. Every op is completed later through
   // transfer->complete_part, exactly once per declared part, whatever
   // happens (success, error, cancellation, shutdown).
