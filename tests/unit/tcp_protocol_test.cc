@@ -27,6 +27,7 @@
 #include "tests/helpers/forge.h"
 #include "tests/helpers/pattern.h"
 #include "tests/helpers/printers.h"
+#include "tests/helpers/raw_tcp.h"
 #include "tests/helpers/sanitizer.h"
 
 namespace rdmabuf {
@@ -160,15 +161,7 @@ LocalMemory allocate_or_die(size_t size) {
 
 RequestHeader request(RequestKind kind, uint64_t id, const RemoteBuffer& handle, uint64_t offset,
                       uint64_t length) {
-  RequestHeader h{};
-  h.kind = static_cast<uint8_t>(kind);
-  h.request_id = id;
-  h.buffer_id = handle.id();
-  std::memcpy(h.token, handle.token().data(), sizeof h.token);
-  h.region_size = handle.region_size();
-  h.offset = offset;
-  h.length = length;
-  return h;
+  return testing::request_on(handle, kind, id, offset, length);
 }
 
 std::vector<uint8_t> bytes_of(const RequestHeader& h) {
