@@ -300,17 +300,7 @@ class Bench {
       if (r >= kWarmupReps * 50) us.push_back(t);
     }
     if (kind == OpKind::kReadIntoLocal) RDMABUF_RETURN_IF_ERROR(verify(0, size, 0));
-    Sample s;
-    s.op = op_kind_name(kind);
-    s.size = size;
-    s.batch = 1;
-    s.p50_us = median(us);
-    s.p99_us = percentile(us, 99);
-    s.gbps = static_cast<double>(size) / (s.p50_us * 1e3);
-    s.ops_per_s = 1e6 / s.p50_us;
-    s.reps = us.size();
-    s.kind = "latency";
-    return s;
+    return timed_sample(kind, size, 1, us, "latency");
   }
 
   Result<Sample> rate(OpKind kind, uint64_t size, uint64_t batch, int reps) {
@@ -351,20 +341,27 @@ class Bench {
     fill_seq(original.span(), 0);
     Transfer t = manager_.submit({Op::write(target, original)}, kOpTimeout);
     RDMABUF_RETURN_IF_ERROR(t.wait());
-    Sample s;
-    s.op = op_kind_name(OpKind::kFetchAdd);
-    s.size = word;
-    s.batch = batch;
-    s.p50_us = median(us);
-    s.p99_us = percentile(us, 99);
-    s.gbps = static_cast<double>(word * batch) / (s.p50_us * 1e3);
-    s.ops_per_s = static_cast<double>(batch) * 1e6 / s.p50_us;
-    s.reps = us.size();
-    s.kind = "rate";
-    return s;
+    return timed_sample(OpKind::kFetchAdd, word, batch, us, "rate");
   }
 
  private:
+  // The row of `batch` ops of `size` each, timed `us` per batch: medians
+  // and rates from the p50.
+  static Sample timed_sample(OpKind kind, uint64_t size, uint64_t batch,
+                             const std::vector<double>& us, const char* row_kind) {
+    Sample s;
+    s.op = op_kind_name(kind);
+    s.size = size;
+    s.batch = batch;
+    s.p50_us = median(us);
+    s.p99_us = percentile(us, 99);
+    s.gbps = static_cast<double>(size * batch) / (s.p50_us * 1e3);
+    s.ops_per_s = static_cast<double>(batch) * 1e6 / s.p50_us;
+    s.reps = us.size();
+    s.kind = row_kind;
+    return s;
+  }
+
   Manager& manager_;
   RemoteBuffer remote_;
   LocalMemory local_;

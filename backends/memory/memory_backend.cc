@@ -27,6 +27,7 @@
 #include "backends/memory/gpu_copy.h"
 #include "backends/memory/handle_context.h"
 #include "backends/memory/shared_state.h"
+#include "common/atomic_word.h"
 #include "common/copy.h"
 #include "common/file_backing.h"
 #include "common/host.h"
@@ -608,17 +609,11 @@ class MemoryBackend final : public Backend {
         continue;
       }
       std::byte* word = at->base + op.remote.offset();
-      if (reinterpret_cast<uintptr_t>(word) % Op::kAtomicWordBytes != 0) {
+      if (!atomic_word_aligned(word)) {
         each.push_back(InvalidArgument("the word is not 8-byte aligned in its owner's memory"));
         continue;
       }
-      std::atomic_ref<uint64_t> ref(*reinterpret_cast<uint64_t*>(word));
-      uint64_t previous = op.compare;
-      if (op.kind == OpKind::kFetchAdd) {
-        previous = ref.fetch_add(op.operand);
-      } else {
-        ref.compare_exchange_strong(previous, op.operand);
-      }
+      const uint64_t previous = apply_atomic(word, op.kind, op.operand, op.compare);
       std::memcpy(op.local.data(), &previous, sizeof previous);
       each.push_back(Status::Ok());
     }

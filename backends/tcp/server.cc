@@ -7,12 +7,12 @@
 #include <sys/uio.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <utility>
 
+#include "common/atomic_word.h"
 #include "common/futex.h"
 #include "common/log.h"
 #include "common/sanitizers.h"
@@ -270,10 +270,7 @@ ServerConnection::Step ServerConnection::take_request() {
     }
     return after_request();
   }
-  if (!checked_abandoned_) {
-    checked_abandoned_ = true;
-    if (abandoned()) return Step::kClosed;
-  }
+  if (abandoned_since_receive()) return Step::kClosed;
   // Read payloads gathered so far may point at the bytes this write
   // changes: send them first, so that no read returns a later write's bytes.
   if (st.ok() && has_external()) return start_flush();
@@ -316,15 +313,12 @@ ServerConnection::Step ServerConnection::take_atomic(const RequestHeader& h) {
     return Step::kClosed;
   }
   // A reader that gave up on this connection abandoned its atomics too.
-  if (!checked_abandoned_) {
-    checked_abandoned_ = true;
-    if (abandoned()) return Step::kClosed;
-  }
+  if (abandoned_since_receive()) return Step::kClosed;
   std::byte* at = nullptr;
   Status st = resolve(h, &at);
   if (st.ok() && pin_.on_gpu()) {
     st = InvalidArgument("atomics on GPU memory are not supported");
-  } else if (st.ok() && reinterpret_cast<uintptr_t>(at) % kAtomicWordBytes != 0) {
+  } else if (st.ok() && !atomic_word_aligned(at)) {
     st = InvalidArgument("the word is not 8-byte aligned");
   }
   // Read payloads gathered so far may point at this word: send them first,
@@ -336,13 +330,10 @@ ServerConnection::Step ServerConnection::take_atomic(const RequestHeader& h) {
     return after_request();
   }
   before_buffer_access(pin_.data());
-  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(at));
-  uint64_t previous = operands[0];  // compare-and-swap: what it expects
-  if (fetch_add) {
-    previous = word.fetch_add(operands[0]);
-  } else {
-    word.compare_exchange_strong(previous, operands[1]);
-  }
+  // On the wire: fetch-add (add, 0), compare-and-swap (expected, desired).
+  const uint64_t previous =
+      fetch_add ? apply_atomic(at, OpKind::kFetchAdd, operands[0], 0)
+                : apply_atomic(at, OpKind::kCompareAndSwap, operands[1], operands[0]);
   after_buffer_access(pin_.data());
   append_reply(h, StatusCode::kOk, kAtomicWordBytes);
   append_bytes(&previous, sizeof previous);
@@ -457,6 +448,12 @@ void ServerConnection::append_reply(const RequestHeader& h, StatusCode code, uin
   r.request_id = h.request_id;
   r.payload = payload;
   append_bytes(&r, sizeof r);
+}
+
+bool ServerConnection::abandoned_since_receive() {
+  if (checked_abandoned_) return false;
+  checked_abandoned_ = true;
+  return abandoned();
 }
 
 bool ServerConnection::abandoned() const {

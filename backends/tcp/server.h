@@ -128,6 +128,9 @@ class ServerConnection final : public IoSession, public PinAbort {
   // writes it abandoned. Applying them late could overwrite what it has
   // written since over another connection; they are dropped instead.
   bool abandoned() const;
+  // abandoned(), asked once per batch of bytes received (a poll each time
+  // would cost a system call per request); false when already asked.
+  bool abandoned_since_receive();
   void drop_pin() { pin_.reset(); }
   // While the connection waits: gives its receive buffer back to the
   // spare list unless part of a request is in it.

@@ -23,11 +23,11 @@ enum class OpKind : uint8_t {
   // respect to every other rdmabuf atomic on the same word, from any peer:
   // each is a CPU atomic instruction on the owner's memory, by the owner's
   // manager or, on one host, by the reader on memory both map
-  // (docs/atomics.md). An atomic refused
-  // before it was sent (the checks of Manager::submit) or by the owner
-  // (kInvalidArgument, kNotFound, kPermissionDenied) was not applied; one
-  // that failed otherwise (kUnavailable, kDeadlineExceeded, kCancelled,
-  // kProtocolError) may have been.
+  // (docs/atomics.md). An atomic refused before it was sent (the checks of
+  // Manager::submit) or by the owner (kInvalidArgument, kNotFound,
+  // kPermissionDenied) was not applied; one that failed otherwise
+  // (kUnavailable, kDeadlineExceeded, kCancelled, kProtocolError) may have
+  // been.
   //
   // Adds `operand` to the word (wrapping, unsigned).
   kFetchAdd = 2,

@@ -164,8 +164,9 @@ void close_endpoint() {
 
 // One transfer of `ops`; its status, with the backend of op 0 in `backend`.
 rdmabuf::Status run_ops(rdmabuf::Manager& manager, std::vector<rdmabuf::Op> ops,
-                        std::string* backend = nullptr) {
-  rdmabuf::Transfer t = manager.submit(std::move(ops), std::chrono::seconds(60));
+                        std::string* backend = nullptr,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  rdmabuf::Transfer t = manager.submit(std::move(ops), timeout);
   rdmabuf::Status st = t.wait();
   if (backend) *backend = std::string(t.op_backend(0));
   return st;
@@ -329,18 +330,18 @@ std::string answer(rdmabuf::Manager& manager, std::vector<Buffer>& buffers, cons
                             ? rdmabuf::testing::with_pattern_of(g_kind, handle->size(), seed)
                             : rdmabuf::testing::allocate_of(g_kind, handle->size());
     if (!local.data()) return "error cannot allocate the local memory";
-    std::vector<rdmabuf::Op> ops;
-    ops.push_back(cmd == "read" ? rdmabuf::Op::read(*handle, local)
-                                : rdmabuf::Op::write(*handle, local));
-    rdmabuf::Transfer t = manager.submit(std::move(ops), std::chrono::seconds(30));
-    rdmabuf::Status st = t.wait();
+    std::string backend;
+    rdmabuf::Status st = run_ops(
+        manager,
+        {cmd == "read" ? rdmabuf::Op::read(*handle, local) : rdmabuf::Op::write(*handle, local)},
+        &backend, std::chrono::seconds(30));
     if (!st.ok()) return "error " + st.to_string();
-    if (cmd == "write") return "ok " + std::string(t.op_backend(0));
+    if (cmd == "write") return "ok " + backend;
     char text_crc[32];
     const rdmabuf::testing::HostBytes got(local);
     std::snprintf(text_crc, sizeof text_crc, "crc %08" PRIx32,
                   rdmabuf::crc32c(got.data(), got.size()));
-    return text_crc + std::string(" ") + std::string(t.op_backend(0));
+    return text_crc + std::string(" ") + backend;
   }
   if (cmd == "fill") {
     if (!(in >> index >> seed) || index >= buffers.size()) return "error usage: fill I SEED";
