@@ -11,6 +11,7 @@ std::string describe_op(const Op& op) {
   } else {
     out += " of ";
     out += format_bytes(op.bytes());
+    if (op.ranges) out += " in " + std::to_string(op.ranges->size()) + " ranges";
     out += op.kind == OpKind::kReadIntoLocal ? " from " : " to ";
   }
   out += op.remote.describe();

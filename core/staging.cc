@@ -5,6 +5,7 @@
 
 #include "common/cuda_driver.h"
 #include "common/log.h"
+#include "common/op_extents.h"
 #include "common/strings.h"
 
 namespace rdmabuf {
@@ -19,6 +20,41 @@ std::chrono::milliseconds time_left(Deadline deadline) {
   const auto left = deadline - Clock::now();
   if (left <= Clock::duration::zero()) return std::chrono::milliseconds(0);
   return std::chrono::ceil<std::chrono::milliseconds>(left);
+}
+
+// Copies bytes [piece_offset, + length) of `op`'s sequence between its
+// local GPU memory and `staged`, where they lie end to end: one copy per
+// extent (a plain op's piece is one).
+Status copy_piece(const Op& op, uint64_t piece_offset, uint64_t length, std::byte* staged,
+                  bool to_gpu) {
+  Status st;
+  uint64_t at = 0;
+  for_each_extent(op, piece_offset, length, [&](const Extent& e) {
+    if (!st.ok()) return;
+    std::byte* gpu = op.local.data() + e.local_offset;
+    st = to_gpu ? cuda::copy(gpu, staged + at, e.length, op.local.device())
+                : cuda::copy(staged + at, gpu, e.length, op.local.device());
+    at += e.length;
+  });
+  return st;
+}
+
+// The op that moves a piece between the remote buffer and `staged`: a slice
+// of a plain op, or the piece's ranges of a scattered one.
+Result<Op> piece_op(const Op& whole, uint64_t piece_offset, uint64_t length, LocalMemory staged) {
+  if (!whole.ranges) {
+    RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer remote, whole.remote.slice(piece_offset, length));
+    return Op{whole.kind, std::move(remote), std::move(staged)};
+  }
+  std::vector<OpRange> ranges;
+  uint64_t at = 0;
+  for_each_extent(whole, piece_offset, length, [&](const Extent& e) {
+    ranges.push_back(OpRange{e.remote_offset, at, e.length});
+    at += e.length;
+  });
+  return whole.kind == OpKind::kReadIntoLocal
+             ? Op::read_ranges(whole.remote, std::move(staged), std::move(ranges))
+             : Op::write_ranges(whole.remote, std::move(staged), std::move(ranges));
 }
 
 }  // namespace
@@ -171,13 +207,12 @@ void Stager::start_piece(const std::shared_ptr<StagedOp>& op, const std::shared_
   const Op& whole = t.op(op->index);
   LocalMemory staged = piece->buffer;
   if (auto s = staged.slice(0, piece->length); s.ok()) staged = *s;
-  auto remote = whole.remote.slice(piece->offset, piece->length);
-  Status ready = remote.status();
+  auto moved = piece_op(whole, piece->offset, piece->length, staged);
+  Status ready = moved.status();
   if (ready.ok() && whole.kind == OpKind::kWriteFromLocal) {
     ready = Cancelled("cancelled");
     if (t.begin_touch()) {  // the GPU's bytes into the staging buffer
-      ready = cuda::copy(staged.data(), whole.local.data() + piece->offset, piece->length,
-                         whole.local.device());
+      ready = copy_piece(whole, piece->offset, piece->length, staged.data(), /*to_gpu=*/false);
       t.end_touch();
     }
   }
@@ -187,8 +222,7 @@ void Stager::start_piece(const std::shared_ptr<StagedOp>& op, const std::shared_
     return;
   }
   std::vector<Op> ops;
-  ops.push_back(whole.kind == OpKind::kReadIntoLocal ? Op::read(*remote, staged)
-                                                     : Op::write(*remote, staged));
+  ops.push_back(std::move(moved).value());
   // Its completion comes back to this thread, after this assignment.
   piece->moved = start_(std::move(ops), time_left(t.deadline()), [this, op, piece] {
     push(Task{op, piece});
@@ -210,8 +244,7 @@ void Stager::finish_piece(const std::shared_ptr<StagedOp>& op,
   if (st.ok() && whole.kind == OpKind::kReadIntoLocal) {
     st = Cancelled("cancelled");
     if (t.begin_touch()) {  // the staging buffer's bytes to the GPU
-      st = cuda::copy(whole.local.data() + piece->offset, piece->buffer.data(), piece->length,
-                      whole.local.device());
+      st = copy_piece(whole, piece->offset, piece->length, piece->buffer.data(), /*to_gpu=*/true);
       t.end_touch();
     }
   }

@@ -15,6 +15,7 @@
 #include "backends/ibverbs/responder.h"
 #include "common/hello.h"
 #include "common/log.h"
+#include "common/op_extents.h"
 #include "common/op_text.h"
 #include "common/strings.h"
 
@@ -127,21 +128,26 @@ class IbverbsBackend final : public Backend {
       }
       std::vector<Chunk>& batch = batches[connection->get()];
       if (batch.empty()) used.push_back(*connection);
-      const uint64_t bytes = op.bytes();
-      const uint64_t parts = (bytes + max - 1) / max;
+      // One work request per piece of at most `max` bytes of each extent
+      // (a plain op is one; a scattered op, one per range): a work request
+      // reaches one contiguous remote range.
+      const size_t first = batch.size();
+      for_each_extent(op, 0, op.bytes(), [&](const Extent& e) {
+        for (uint64_t done = 0; done < e.length; done += max) {
+          Chunk chunk;
+          chunk.transfer = transfer;
+          chunk.op = i;
+          chunk.kind = op.kind;
+          chunk.local = op.local.data() + e.local_offset + done;
+          chunk.remote_addr = c->addr + op.remote.offset() + e.remote_offset + done;
+          chunk.length = static_cast<uint32_t>(std::min(max, e.length - done));
+          batch.push_back(std::move(chunk));
+        }
+      });
+      const uint64_t parts = batch.size() - first;
       const bool notice = transfer->notice(i) != nullptr && op.kind == OpKind::kWriteFromLocal;
       const uint64_t all_parts = parts + (notice ? 1 : 0);
       if (all_parts > 1) transfer->expect_parts(i, static_cast<uint32_t>(all_parts));
-      for (uint64_t p = 0; p < parts; ++p) {
-        Chunk chunk;
-        chunk.transfer = transfer;
-        chunk.op = i;
-        chunk.kind = op.kind;
-        chunk.local = op.local.data() + p * max;
-        chunk.remote_addr = c->addr + op.remote.offset() + p * max;
-        chunk.length = static_cast<uint32_t>(std::min(max, bytes - p * max));
-        batch.push_back(std::move(chunk));
-      }
       if (notice) {  // behind the bytes, on the same queue pair
         Chunk chunk;
         chunk.transfer = transfer;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -32,6 +33,7 @@
 #include "common/file_backing.h"
 #include "common/host.h"
 #include "common/log.h"
+#include "common/op_extents.h"
 #include "common/op_text.h"
 #include "common/scratch.h"
 #include "common/strings.h"
@@ -488,6 +490,18 @@ class MemoryBackend final : public Backend {
     complete_all(st);
   }
 
+  // Calls fn(op, extent) for every extent `job` copies, in order: each of
+  // its ops' whole sequence (a batch), or its piece of one op.
+  template <class Fn>
+  static void for_each_job_extent(const Job& job, Fn&& fn) {
+    for (uint32_t i : job.ops) {
+      const Op& op = job.transfer->op(i);
+      const uint64_t offset = job.piece_length ? job.piece_offset : 0;
+      const uint64_t length = job.piece_length ? job.piece_length : op.bytes();
+      for_each_extent(op, offset, length, [&](const Extent& e) { fn(op, e); });
+    }
+  }
+
   static Status with_op(const TransferState& t, uint32_t i, const Status& st) {
     return Status(st.code(), describe_op(t.op(i)) + ": " + st.message());
   }
@@ -548,24 +562,21 @@ class MemoryBackend final : public Backend {
     std::vector<iovec> local, remote;
     local.reserve(job.ops.size());
     remote.reserve(job.ops.size());
-    for (uint32_t i : job.ops) {
-      const Op& op = job.transfer->op(i);
-      uint64_t offset = job.piece_length ? job.piece_offset : 0;
-      uint64_t length = job.piece_length ? job.piece_length : op.bytes();
-      char* l = reinterpret_cast<char*>(op.local.data()) + offset;
-      char* r = reinterpret_cast<char*>(slot.base + op.remote.offset() + offset);
-      // Ops adjacent on both sides (slices of one tensor, say) become one
-      // range: the kernel pins and copies per range, so 1024 adjacent 4 KiB
+    for_each_job_extent(job, [&](const Op& op, const Extent& e) {
+      char* l = reinterpret_cast<char*>(op.local.data()) + e.local_offset;
+      char* r = reinterpret_cast<char*>(slot.base + op.remote.offset() + e.remote_offset);
+      // Ranges adjacent on both sides (slices of one tensor, say) become
+      // one: the kernel pins and copies per range, so 1024 adjacent 4 KiB
       // ops cost as much as one 4 MiB op rather than a thousand syscalls' worth.
       if (!local.empty() && static_cast<char*>(local.back().iov_base) + local.back().iov_len == l &&
           static_cast<char*>(remote.back().iov_base) + remote.back().iov_len == r) {
-        local.back().iov_len += length;
-        remote.back().iov_len += length;
-        continue;
+        local.back().iov_len += e.length;
+        remote.back().iov_len += e.length;
+        return;
       }
-      local.push_back({l, length});
-      remote.push_back({r, length});
-    }
+      local.push_back({l, e.length});
+      remote.push_back({r, e.length});
+    });
     uint64_t expected = 0;  // counted before the owner may see (and empty) the ranges
     for (const iovec& v : local)
       expected += v.iov_len;
@@ -628,13 +639,10 @@ class MemoryBackend final : public Backend {
     RDMABUF_ASSIGN_OR_RETURN(auto at, view.gpu->address_of(slot, job.slot, job.generation));
     std::vector<GpuRange> ranges;
     ranges.reserve(job.ops.size());
-    for (uint32_t i : job.ops) {
-      const Op& op = job.transfer->op(i);
-      const uint64_t offset = job.piece_length ? job.piece_offset : 0;
-      const uint64_t length = job.piece_length ? job.piece_length : op.bytes();
-      ranges.push_back(
-          GpuRange{op.local.data() + offset, at.base + op.remote.offset() + offset, length});
-    }
+    for_each_job_extent(job, [&](const Op& op, const Extent& e) {
+      ranges.push_back(GpuRange{op.local.data() + e.local_offset,
+                                at.base + op.remote.offset() + e.remote_offset, e.length});
+    });
     return copy_gpu_ranges(job.kind, ranges, at.device);
   }
 
@@ -643,20 +651,17 @@ class MemoryBackend final : public Backend {
   // `at` keeps the mapping until the copy has returned.
   Status copy_mapped(Job& job, const FileMappings::Address& at, Pin& pin) {
     if (!pin.armed_uncancellable()) RDMABUF_RETURN_IF_ERROR(pin.arm_uncancellable());
-    for (uint32_t i : job.ops) {
-      const Op& op = job.transfer->op(i);
-      const uint64_t offset = job.piece_length ? job.piece_offset : 0;
-      const uint64_t length = job.piece_length ? job.piece_length : op.bytes();
-      std::byte* local = op.local.data() + offset;
-      std::byte* remote = at.base + op.remote.offset() + offset;
+    for_each_job_extent(job, [&](const Op& op, const Extent& e) {
+      std::byte* local = op.local.data() + e.local_offset;
+      std::byte* remote = at.base + op.remote.offset() + e.remote_offset;
       // Inline up to 32 bytes (an 8 B op is a load and a store), memcpy
       // beyond, whose choice of method by size glibc tunes to the CPU.
       if (job.kind == OpKind::kReadIntoLocal) {
-        copy_short(local, remote, length);
+        copy_short(local, remote, e.length);
       } else {
-        copy_short(remote, local, length);
+        copy_short(remote, local, e.length);
       }
-    }
+    });
     return Status::Ok();
   }
 
@@ -681,7 +686,8 @@ class MemoryBackend final : public Backend {
     uint64_t done = 0;
     size_t at = 0;  // first range not fully moved; local and remote pair up
     while (at < local.size()) {
-      const auto count = static_cast<unsigned long>(local.size() - at);
+      // The kernel takes at most IOV_MAX ranges per call.
+      const auto count = static_cast<unsigned long>(std::min<size_t>(local.size() - at, IOV_MAX));
       ssize_t n = kind == OpKind::kReadIntoLocal
                       ? ::process_vm_readv(pid, &local[at], count, &remote[at], count, 0)
                       : ::process_vm_writev(pid, &local[at], count, &remote[at], count, 0);

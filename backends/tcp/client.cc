@@ -11,6 +11,7 @@
 #include "common/futex.h"
 #include "common/hello.h"
 #include "common/log.h"
+#include "common/op_extents.h"
 #include "common/op_text.h"
 #include "common/strings.h"
 
@@ -43,18 +44,46 @@ constexpr auto kConnectCap = std::chrono::seconds(30);
 
 alignas(64) const uint8_t kZeros[64 << 10] = {};
 
-RequestKind request_kind(OpKind kind) {
-  switch (kind) {
+RequestKind request_kind(const Op& op) {
+  switch (op.kind) {
     case OpKind::kReadIntoLocal:
-      return RequestKind::kRead;
+      return op.ranges ? RequestKind::kReadRanges : RequestKind::kRead;
     case OpKind::kWriteFromLocal:
-      return RequestKind::kWrite;
+      return op.ranges ? RequestKind::kWriteRanges : RequestKind::kWrite;
     case OpKind::kFetchAdd:
       return RequestKind::kFetchAdd;
     case OpKind::kCompareAndSwap:
       return RequestKind::kCompareAndSwap;
   }
   return RequestKind::kRead;
+}
+
+// Cuts `op`'s bytes into the pieces that requests carry: at most
+// `chunk_size` bytes each and, for a scattered op, kMaxRequestRanges ranges
+// (a range cut between two counts in both). Calls fn(begin, length).
+template <class Fn>
+void cut_into_chunks(const Op& op, uint64_t chunk_size, Fn&& fn) {
+  const uint64_t bytes = op.bytes();
+  if (!op.ranges) {
+    for (uint64_t begin = 0; begin < bytes; begin += chunk_size)
+      fn(begin, std::min(chunk_size, bytes - begin));
+    return;
+  }
+  uint64_t begin = 0, length = 0, ranges = 0;
+  for (const OpRange& r : op.ranges->ranges()) {
+    for (uint64_t left = r.length; left > 0;) {
+      if (ranges == kMaxRequestRanges || length == chunk_size) {
+        fn(begin, length);
+        begin += length;
+        length = ranges = 0;
+      }
+      const uint64_t take = std::min(left, chunk_size - length);
+      length += take;
+      left -= take;
+      ++ranges;
+    }
+  }
+  fn(begin, length);
 }
 
 std::string owner_refused(uint8_t code, RequestKind kind) {
@@ -235,20 +264,36 @@ void Stream::encode() {
     h.buffer_id = op.remote.id();
     std::memcpy(h.token, op.remote.token().data(), sizeof h.token);
     h.region_size = op.remote.region_size();
-    h.offset = c.remote_offset;
+    const bool scattered = is_scattered(static_cast<uint8_t>(c.kind));
+    const uint64_t ranges = scattered ? count_extents(op, c.op_offset, c.length) : 0;
+    h.offset = scattered ? ranges : op.remote.offset() + c.op_offset;
     h.length = c.length;
     const bool atomic = is_atomic(static_cast<uint8_t>(c.kind));
-    bool inline_write = c.kind == RequestKind::kWrite && c.length <= kInlineWrite;
+    const bool write = is_write(static_cast<uint8_t>(c.kind));
+    bool inline_write = write && c.length <= kInlineWrite;
     if (inline_write && !c.transfer->begin_touch()) {
       finish(c, Cancelled("cancelled before it was sent"));
       pending_.pop_front();
       continue;
     }
     size_t at = tx_.size();
-    tx_.resize(at + sizeof h + (inline_write ? c.length : 0) + (atomic ? kAtomicOperandBytes : 0));
+    const size_t list_bytes = static_cast<size_t>(ranges) * sizeof(WireRange);
+    tx_.resize(at + sizeof h + list_bytes + (inline_write ? c.length : 0) +
+               (atomic ? kAtomicOperandBytes : 0));
     std::memcpy(tx_.data() + at, &h, sizeof h);
+    uint8_t* next = tx_.data() + at + sizeof h;
+    if (scattered) {  // the ranges in the buffer, in the op's order
+      for_each_extent(op, c.op_offset, c.length, [&](const Extent& e) {
+        const WireRange r{op.remote.offset() + e.remote_offset, e.length};
+        std::memcpy(next, &r, sizeof r);
+        next += sizeof r;
+      });
+    }
     if (inline_write) {
-      std::memcpy(tx_.data() + at + sizeof h, c.local, c.length);
+      for_each_extent(op, c.op_offset, c.length, [&](const Extent& e) {
+        std::memcpy(next, op.local.data() + e.local_offset, e.length);
+        next += e.length;
+      });
       c.transfer->end_touch();
     }
     if (atomic) {  // the operands come from the op, not from local memory
@@ -256,19 +301,22 @@ void Stream::encode() {
           op.kind == OpKind::kFetchAdd ? op.operand : op.compare,
           op.kind == OpKind::kFetchAdd ? 0 : op.operand,
       };
-      std::memcpy(tx_.data() + at + sizeof h, operands, sizeof operands);
+      std::memcpy(next, operands, sizeof operands);
     }
     append_arena(tx_.size() - at);
     ++next_request_id_;
     c.request_id = h.request_id;
-    const bool external_write = c.kind == RequestKind::kWrite && !inline_write;
+    const bool external_write = write && !inline_write;
     if (inflight_.empty()) last_io_ = Clock::now();  // the stall clock starts now
     inflight_.push_back(std::move(c));
     pending_.pop_front();
-    if (external_write) {
+    if (external_write) {  // sent from local memory, extent by extent
       Chunk& placed = inflight_.back();
       placed.payload_unsent = true;
-      segs_.push_back(TxSegment{placed.local, &placed, placed.length, 0});
+      for_each_extent(op, placed.op_offset, placed.length, [&](const Extent& e) {
+        segs_.push_back(TxSegment{op.local.data() + e.local_offset, &placed, e.length, 0, false});
+      });
+      segs_.back().last = true;
     }
   }
 }
@@ -281,7 +329,7 @@ void Stream::advance_tx(size_t sent) {
     sent -= n;
     if (seg.external == nullptr) tx_head_ += n;
     if (seg.done == seg.size) {
-      if (seg.chunk) seg.chunk->payload_unsent = false;
+      if (seg.chunk && seg.last) seg.chunk->payload_unsent = false;
       segs_.pop_front();
     }
   }
@@ -402,7 +450,7 @@ void Stream::on_response(const ResponseHeader& h) {
     return;
   }
   // A read's reply carries its bytes; an atomic's, the word's previous value.
-  if (c.kind == RequestKind::kRead || is_atomic(static_cast<uint8_t>(c.kind))) {
+  if (is_read(static_cast<uint8_t>(c.kind)) || is_atomic(static_cast<uint8_t>(c.kind))) {
     if (h.payload != c.length) {
       protocol_error("owner at " + peer_->address.to_string() + " sent a reply of the wrong size");
       return;
@@ -425,12 +473,17 @@ void Stream::on_response(const ResponseHeader& h) {
 // Moves payload bytes of the read at the front; true on progress.
 bool Stream::read_payload() {
   Chunk& c = inflight_.front();
+  const Op& op = c.transfer->op(c.op);
   uint64_t left = c.length - c.moved;
   size_t buffered = rx_end_ - rx_begin_;
   if (buffered > 0) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(buffered, left));
     if (c.transfer->begin_touch()) {
-      std::memcpy(c.local + c.moved, rx_.get() + rx_begin_, n);
+      const uint8_t* from = rx_.get() + rx_begin_;
+      for_each_extent(op, c.op_offset + c.moved, n, [&](const Extent& e) {
+        std::memcpy(op.local.data() + e.local_offset, from, e.length);
+        from += e.length;
+      });
       c.transfer->end_touch();
     }
     rx_begin_ += n;
@@ -439,7 +492,20 @@ bool Stream::read_payload() {
     ssize_t n;
     int err;
     if (c.transfer->begin_touch()) {
-      n = ::recv(sock_.get(), c.local + c.moved, left, MSG_DONTWAIT);
+      // Straight into local memory, extent after extent.
+      iovec iov[kMaxIov];
+      size_t count = 0;
+      const uint64_t begin = c.op_offset + c.moved;
+      for (uint64_t at = begin; at < begin + left && count < kMaxIov;) {
+        Extent e = extent_at(op, at);
+        e.length = std::min(e.length, begin + left - at);
+        iov[count++] = {op.local.data() + e.local_offset, e.length};
+        at += e.length;
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = count;
+      n = ::recvmsg(sock_.get(), &msg, MSG_DONTWAIT);
       err = errno;
       c.transfer->end_touch();
     } else {  // cancelled: drain the bytes, never into the caller's memory
@@ -489,7 +555,7 @@ bool Stream::pump_recv() {
     // Before a large read payload, take just the header so that the payload
     // can go straight into local memory.
     size_t limit = kRxBytes;
-    if (!inflight_.empty() && inflight_.front().kind == RequestKind::kRead &&
+    if (!inflight_.empty() && is_read(static_cast<uint8_t>(inflight_.front().kind)) &&
         inflight_.front().length >= kDirectRecvMin) {
       limit = sizeof(ResponseHeader) - buffered;
     }
@@ -548,24 +614,24 @@ void Peer::submit(const std::shared_ptr<TransferState>& transfer, std::span<cons
   const size_t single = least_loaded();
   for (uint32_t i : ops) {
     const Op& op = transfer->op(i);
-    const uint64_t bytes = op.bytes();
-    const uint64_t parts = (bytes + chunk_size - 1) / chunk_size;
-    if (parts > 1) transfer->expect_parts(i, static_cast<uint32_t>(parts));
-    const RequestKind kind = request_kind(op.kind);
-    for (uint64_t p = 0; p < parts; ++p) {
+    const RequestKind kind = request_kind(op);
+    uint32_t parts = 0;
+    cut_into_chunks(op, chunk_size, [&](uint64_t begin, uint64_t length) {
       Chunk c;
       c.transfer = transfer;
       c.op = i;
       c.kind = kind;
-      c.remote_offset = op.remote.offset() + p * chunk_size;
-      c.length = std::min(chunk_size, bytes - p * chunk_size);
-      c.local = op.local.data() + p * chunk_size;
+      c.op_offset = begin;
+      c.length = length;
       c.cost = c.length + kRequestCost;
       size_t s = spread ? least_loaded() : single;
       load[s] += c.cost;
       cost[s] += c.cost;
       assigned[s].push_back(std::move(c));
-    }
+      ++parts;
+    });
+    // Before the chunks are enqueued, so before any part can finish.
+    if (parts > 1) transfer->expect_parts(i, parts);
   }
   for (size_t s = 0; s < n; ++s) {
     if (!assigned[s].empty()) streams_[s]->enqueue(assigned[s], cost[s]);

@@ -36,10 +36,9 @@ struct Chunk {
   std::shared_ptr<TransferState> transfer;
   uint32_t op = 0;
   RequestKind kind = RequestKind::kRead;
-  uint64_t remote_offset = 0;  // within the registered buffer
+  uint64_t op_offset = 0;  // where its bytes begin in the op's (common/op_extents.h)
   uint64_t length = 0;
-  std::byte* local = nullptr;  // this chunk's bytes in local memory
-  uint64_t cost = 0;           // counted in the stream's load until finished
+  uint64_t cost = 0;  // counted in the stream's load until finished
   // Set by the stream's thread:
   uint64_t request_id = 0;
   uint64_t moved = 0;           // read: payload bytes received
@@ -73,6 +72,7 @@ class Stream {
     Chunk* chunk;               // owner of an external segment
     size_t size;
     size_t done;
+    bool last = true;  // the chunk's last segment: its payload is sent with it
   };
 
   void run();
@@ -121,8 +121,9 @@ class Stream {
 class Peer {
  public:
   Peer(PeerContext context, int streams);
-  // Cuts the ops into chunks of at most `chunk_size` and spreads them over
-  // the streams by load. Declares the part counts on `transfer`.
+  // Cuts the ops into chunks of at most `chunk_size` (and kMaxRequestRanges
+  // ranges) and spreads them over the streams by load. Declares the part
+  // counts on `transfer`.
   void submit(const std::shared_ptr<TransferState>& transfer, std::span<const uint32_t> ops,
               uint64_t chunk_size);
   void stop();

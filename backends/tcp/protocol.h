@@ -9,11 +9,21 @@
 //                    then, for a write, `length` payload bytes;
 //                    for an atomic (length 8, the word), 16 operand bytes:
 //                    fetch-add: u64 add | u64 0;
-//                    compare-and-swap: u64 expected | u64 desired
+//                    compare-and-swap: u64 expected | u64 desired;
+//                    for a scattered read or write, whose `offset` is the
+//                    number of ranges n (1..4096) and `length` the sum of
+//                    their lengths: n ranges of 16 B, u64 offset | u64
+//                    length (within the buffer, length >= 1), then for a
+//                    write the `length` payload bytes, range after range
 //   response (24 B): u8 kind|0x80 | u8 status | u16 0 | u32 0 | u64 request id |
 //                    u64 payload length
-//                    then, for a successful read, `length` payload bytes;
+//                    then, for a successful read, `length` payload bytes
+//                    (a scattered read's: range after range);
 //                    for a successful atomic, 8: the word's previous value
+//
+// A scattered request is answered as one: every range is checked against
+// the buffer before a byte moves, and one out of bounds refuses them all
+// (kInvalidArgument).
 //
 // The owner applies an atomic on its CPU once its operands are whole, to
 // an 8-byte aligned word (otherwise kInvalidArgument), and refuses atomics
@@ -43,11 +53,39 @@
 
 namespace rdmabuf::tcp {
 
-enum class RequestKind : uint8_t { kRead = 1, kWrite = 2, kFetchAdd = 3, kCompareAndSwap = 4 };
+enum class RequestKind : uint8_t {
+  kRead = 1,
+  kWrite = 2,
+  kFetchAdd = 3,
+  kCompareAndSwap = 4,
+  kReadRanges = 5,
+  kWriteRanges = 6,
+};
 constexpr bool is_atomic(uint8_t kind) {
   return kind == static_cast<uint8_t>(RequestKind::kFetchAdd) ||
          kind == static_cast<uint8_t>(RequestKind::kCompareAndSwap);
 }
+constexpr bool is_scattered(uint8_t kind) {
+  return kind == static_cast<uint8_t>(RequestKind::kReadRanges) ||
+         kind == static_cast<uint8_t>(RequestKind::kWriteRanges);
+}
+// Whether a successful reply carries `length` bytes of the buffer.
+constexpr bool is_read(uint8_t kind) {
+  return kind == static_cast<uint8_t>(RequestKind::kRead) ||
+         kind == static_cast<uint8_t>(RequestKind::kReadRanges);
+}
+// Whether `length` payload bytes follow the request.
+constexpr bool is_write(uint8_t kind) {
+  return kind == static_cast<uint8_t>(RequestKind::kWrite) ||
+         kind == static_cast<uint8_t>(RequestKind::kWriteRanges);
+}
+// A scattered request's ranges: the most one request carries, and one's size.
+constexpr uint64_t kMaxRequestRanges = 4096;
+struct WireRange {
+  uint64_t offset;
+  uint64_t length;
+};
+static_assert(sizeof(WireRange) == 16, "the wire layout has no padding");
 // What follows an atomic's header, and the word it acts on.
 constexpr size_t kAtomicOperandBytes = 16;
 constexpr uint64_t kAtomicWordBytes = 8;
@@ -83,11 +121,35 @@ struct ResponseHeader {
 };
 static_assert(sizeof(ResponseHeader) == 24, "the wire layout has no padding");
 
+// Range `k` of the list at `ranges`.
+inline WireRange wire_range(const uint8_t* ranges, uint64_t k) {
+  WireRange r;
+  std::memcpy(&r, ranges + k * sizeof r, sizeof r);  // unaligned in a stream
+  return r;
+}
+// Validates a scattered request's ranges (after its header `h`): none
+// empty, their lengths adding up to the header's. Non-OK means the peer
+// broke the protocol; bounds are the owner's to check.
+inline Status check_ranges(const RequestHeader& h, const uint8_t* ranges) {
+  uint64_t sum = 0;
+  for (uint64_t k = 0; k < h.offset; ++k) {
+    const WireRange r = wire_range(ranges, k);
+    if (r.length == 0) return ProtocolError("scattered request with an empty range");
+    if (r.length > h.length - sum) {
+      return ProtocolError("scattered request whose ranges add up to more than its length");
+    }
+    sum += r.length;
+  }
+  if (sum != h.length) {
+    return ProtocolError("scattered request whose ranges add up to less than its length");
+  }
+  return Status::Ok();
+}
+
 // Validates a request's fixed fields (not the buffer: that is the owner's
 // registry's job). Non-OK means the peer broke the protocol.
 inline Status check_request(const RequestHeader& h) {
-  if (h.kind != static_cast<uint8_t>(RequestKind::kRead) &&
-      h.kind != static_cast<uint8_t>(RequestKind::kWrite) && !is_atomic(h.kind)) {
+  if (!is_read(h.kind) && !is_write(h.kind) && !is_atomic(h.kind)) {
     return ProtocolError("request of unknown kind " + std::to_string(h.kind));
   }
   if (h.flags != 0 || h.reserved0 != 0 || h.reserved1 != 0) {
@@ -98,6 +160,10 @@ inline Status check_request(const RequestHeader& h) {
   }
   if (is_atomic(h.kind) && h.length != kAtomicWordBytes) {
     return ProtocolError("atomic on " + std::to_string(h.length) + " bytes, not an 8-byte word");
+  }
+  if (is_scattered(h.kind) && (h.offset == 0 || h.offset > kMaxRequestRanges)) {
+    return ProtocolError("scattered request of " + std::to_string(h.offset) +
+                         " ranges, outside 1.." + std::to_string(kMaxRequestRanges));
   }
   return Status::Ok();
 }

@@ -31,6 +31,8 @@ constexpr size_t kRxBytes = 256 << 10;
 // Read payloads up to this size are copied into the batched reply buffer;
 // larger ones are sent straight from the registered memory.
 constexpr uint64_t kInlineReply = 16 << 10;
+// The same for each range of a scattered read.
+constexpr uint64_t kInlineRange = 512;
 // Gathered replies are sent once this many bytes or pieces are waiting.
 constexpr size_t kFlushAtBytes = 4 << 20;
 constexpr size_t kMaxIov = 64;
@@ -250,54 +252,128 @@ ServerConnection::Step ServerConnection::take_request() {
   // another buffer. (The request is taken again after the flush.)
   if ((has_external() || staged_writes_) && !pin_matches(h)) return start_flush();
   if (is_atomic(h.kind)) return take_atomic(h);
+  if (is_scattered(h.kind)) return take_scattered(h);
   std::byte* at = nullptr;
   Status st = resolve(h, &at);
-  if (h.kind == static_cast<uint8_t>(RequestKind::kRead)) {
+  extents_.clear();
+  if (st.ok()) extents_.emplace_back(at, h.length);
+  if (is_read(h.kind)) {
     rx_pos_ += sizeof h;
-    if (!st.ok()) {
-      append_reply(h, st.code(), 0);
-    } else {
-      append_reply(h, StatusCode::kOk, h.length);
-      if (pin_.on_gpu()) {
-        if (!append_from_gpu(at, h.length)) return Step::kClosed;
-      } else if (h.length <= kInlineReply) {
-        before_buffer_access(pin_.data());
-        append_bytes(at, h.length);
-        after_buffer_access(pin_.data());
-      } else {
-        append_external(at, h.length);
-      }
-    }
-    return after_request();
+    return reply_to_read(h, st);
   }
   if (abandoned_since_receive()) return Step::kClosed;
   // Read payloads gathered so far may point at the bytes this write
   // changes: send them first, so that no read returns a later write's bytes.
   if (st.ok() && has_external()) return start_flush();
   rx_pos_ += sizeof h;
+  return take_payload(h, st);
+}
+
+ServerConnection::Step ServerConnection::take_scattered(const RequestHeader& h) {
+  const size_t list_bytes = static_cast<size_t>(h.offset) * sizeof(WireRange);
+  // Taken once its list is whole: at most 64 KiB, which rx_ holds.
+  if (rx_end_ - rx_pos_ < sizeof h + list_bytes) return receive_requests();
+  const uint8_t* list = rx_.get() + rx_pos_ + sizeof h;
+  Status valid = check_ranges(h, list);
+  if (!valid.ok()) {
+    RDMABUF_LOG_WARN("tcp: dropping a connection whose peer broke the protocol: " +
+                     valid.message());
+    return Step::kClosed;
+  }
+  const bool write = is_write(h.kind);
+  if (write && abandoned_since_receive()) return Step::kClosed;
+  // Every range against the buffer first: one out of bounds moves nothing.
+  extents_.clear();
+  Status st;
+  for (uint64_t k = 0; k < h.offset && st.ok(); ++k) {
+    const WireRange r = wire_range(list, k);
+    RequestHeader range = h;
+    range.offset = r.offset;
+    range.length = r.length;
+    std::byte* at = nullptr;
+    st = resolve(range, &at);
+    extents_.emplace_back(at, r.length);
+  }
+  if (!st.ok()) extents_.clear();
+  if (write && st.ok() && has_external()) return start_flush();  // as for a plain write
+  rx_pos_ += sizeof h + list_bytes;
+  return write ? take_payload(h, st) : reply_to_read(h, st);
+}
+
+ServerConnection::Step ServerConnection::reply_to_read(const RequestHeader& h, const Status& st) {
+  if (!st.ok()) {
+    append_reply(h, st.code(), 0);
+    return after_request();
+  }
+  append_reply(h, StatusCode::kOk, h.length);
+  // A scattered read's small ranges are sent from the buffer too: copying
+  // a thousand 4 KiB ranges into the arena costs more than their iovecs.
+  const uint64_t inline_max = is_scattered(h.kind) ? kInlineRange : kInlineReply;
+  for (const auto& [at, length] : extents_) {
+    if (pin_.on_gpu()) {
+      if (!append_from_gpu(at, length)) return Step::kClosed;
+    } else if (length <= inline_max) {
+      before_buffer_access(pin_.data());
+      append_bytes(at, length);
+      after_buffer_access(pin_.data());
+    } else {
+      append_external(at, length);
+    }
+  }
+  return after_request();
+}
+
+ServerConnection::Step ServerConnection::take_payload(const RequestHeader& h, const Status& st) {
   // The payload follows in full whatever we answer; take it.
   const size_t buffered = static_cast<size_t>(std::min<uint64_t>(rx_end_ - rx_pos_, h.length));
+  const uint8_t* have = rx_.get() + rx_pos_;
   if (st.ok() && pin_.on_gpu()) {
-    if (!receive_into_gpu(at, h.length, rx_.get() + rx_pos_, buffered)) return Step::kClosed;
+    size_t used = 0;
+    for (const auto& [at, length] : extents_) {
+      const size_t from_rx = static_cast<size_t>(std::min<uint64_t>(buffered - used, length));
+      if (!receive_into_gpu(at, length, have + used, from_rx)) return Step::kClosed;
+      used += from_rx;
+    }
     rx_pos_ += buffered;
     append_reply(h, StatusCode::kOk, 0);
     return after_request();
   }
-  if (st.ok()) {
+  payload_ = PendingPayload{h, st.code(), st.ok(), h.length, nullptr, 0, 0, true};
+  if (payload_.keep) {
     before_buffer_access(pin_.data());
-    std::memcpy(at, rx_.get() + rx_pos_, buffered);
+    land(have, buffered);
   }
+  payload_.left -= buffered;
   rx_pos_ += buffered;
-  const size_t rest = static_cast<size_t>(h.length - buffered);
-  if (rest > 0) {
-    payload_ = PendingPayload{h, st.code(), st.ok() ? at + buffered : nullptr, rest, true};
+  if (payload_.left > 0) {
     // The reader may be waiting for earlier replies; do not make it wait
     // for this payload too.
     return out_.empty() ? Step::kProgress : start_flush();
   }
-  if (st.ok()) after_buffer_access(pin_.data());
+  if (payload_.keep) after_buffer_access(pin_.data());
   append_reply(h, st.code(), 0);
+  payload_ = PendingPayload{};
   return after_request();
+}
+
+void ServerConnection::next_extent() {
+  while (payload_.at_left == 0 && payload_.next_extent < extents_.size()) {
+    payload_.at = extents_[payload_.next_extent].first;
+    payload_.at_left = static_cast<size_t>(extents_[payload_.next_extent].second);
+    ++payload_.next_extent;
+  }
+}
+
+void ServerConnection::land(const uint8_t* from, size_t n) {
+  while (n > 0) {
+    next_extent();
+    const size_t k = std::min(n, payload_.at_left);
+    std::memcpy(payload_.at, from, k);
+    payload_.at += k;
+    payload_.at_left -= k;
+    from += k;
+    n -= k;
+  }
 }
 
 ServerConnection::Step ServerConnection::take_atomic(const RequestHeader& h) {
@@ -354,10 +430,11 @@ ServerConnection::Step ServerConnection::receive_payload() {
     payload_.check_abandoned = false;
     if (abandoned()) return Step::kClosed;
   }
-  const bool keep = payload_.at != nullptr;
+  const bool keep = payload_.keep;
+  if (keep) next_extent();
   if (!keep && !rx_) rx_ = take_rx_buffer();
   void* into = keep ? static_cast<void*>(payload_.at) : static_cast<void*>(rx_.get());
-  const size_t want = keep ? payload_.left : std::min(payload_.left, kRxBytes);
+  const size_t want = keep ? payload_.at_left : std::min(payload_.left, kRxBytes);
   ssize_t n = ::recv(fd_.get(), into, want, MSG_DONTWAIT);
   if (n == 0) return Step::kClosed;
   if (n < 0) {
@@ -366,7 +443,10 @@ ServerConnection::Step ServerConnection::receive_payload() {
   }
   const size_t got = static_cast<size_t>(n);
   payload_.left -= got;
-  if (keep) payload_.at += got;
+  if (keep) {
+    payload_.at += got;
+    payload_.at_left -= got;
+  }
   if (payload_.left > 0) return Step::kProgress;
   if (keep) after_buffer_access(pin_.data());
   append_reply(payload_.header, payload_.code, 0);

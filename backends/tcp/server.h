@@ -75,12 +75,16 @@ class ServerConnection final : public IoSession, public PinAbort {
     size_t size;
     bool staged = false;
   };
-  // A write's payload still to come from the socket, after its header.
+  // A write's payload still to come from the socket, after its header: it
+  // lands in extents_ in order, or is discarded (refused).
   struct PendingPayload {
     RequestHeader header{};
     StatusCode code = StatusCode::kOk;
-    std::byte* at = nullptr;  // where it lands; null: discarded (refused)
-    size_t left = 0;
+    bool keep = false;             // false: discarded
+    size_t left = 0;               // bytes still to come
+    std::byte* at = nullptr;       // where the next of them land
+    size_t at_left = 0;            // how many of them land from `at` on
+    size_t next_extent = 0;        // the extent after the one `at` is in
     bool check_abandoned = false;  // before its first byte is received
   };
 
@@ -91,6 +95,19 @@ class ServerConnection final : public IoSession, public PinAbort {
   // An atomic (fetch-add, compare-and-swap): applied to the word on this
   // CPU once its operands are whole; its reply carries the previous value.
   Step take_atomic(const RequestHeader& h);
+  // A scattered read or write: taken once its list of ranges is whole;
+  // every range is checked before a byte moves.
+  Step take_scattered(const RequestHeader& h);
+  // A read's reply: the bytes of extents_, refused with `st`'s code
+  // unless it is OK.
+  Step reply_to_read(const RequestHeader& h, const Status& st);
+  // A write's payload, which follows its header (and list) on the socket:
+  // into extents_ when `st` is OK, discarded otherwise.
+  Step take_payload(const RequestHeader& h, const Status& st);
+  // Copies `n` payload bytes at `from` to where they land (payload_.keep).
+  void land(const uint8_t* from, size_t n);
+  // Moves payload_.at to the next extent once the current one is full.
+  void next_extent();
   Step receive_payload();
   Step receive_requests();
   // After a request's reply is gathered: sends once enough is waiting.
@@ -151,6 +168,9 @@ class ServerConnection final : public IoSession, public PinAbort {
   bool checked_abandoned_ = false;  // since the last bytes received
   bool served_any_ = false;         // a reply has been gathered
   PendingPayload payload_;
+  // Where the request being taken reads from or writes to in the pinned
+  // buffer: one extent, or a scattered request's ranges, in order.
+  std::vector<std::pair<std::byte*, uint64_t>> extents_;
 
   std::vector<uint8_t> tx_;
   std::vector<OutSegment> out_;

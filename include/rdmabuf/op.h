@@ -1,8 +1,11 @@
-// Op: one transfer between a local range and a remote range, or one atomic
-// on a word of remote memory.
+// Op: one transfer between a local range and a remote range, a list of
+// ranges of each moved as one, or one atomic on a word of remote memory.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
 
 #include "rdmabuf/buffer.h"
 #include "rdmabuf/memory.h"
@@ -39,6 +42,37 @@ constexpr bool is_atomic_kind(OpKind kind) {
   return kind == OpKind::kFetchAdd || kind == OpKind::kCompareAndSwap;
 }
 
+// One piece of a scattered read or write: `length` bytes between
+// `remote_offset` of the op's remote range and `local_offset` of its local
+// range.
+struct OpRange {
+  uint64_t remote_offset = 0;
+  uint64_t local_offset = 0;
+  uint64_t length = 0;
+};
+
+// The ranges of a scattered op, in order, with where each begins in the op's
+// bytes taken as one sequence (the ranges one after another): a read's reply
+// and a write's payload carry them in this order. Immutable once made, so
+// that ops, their copies and the transports running them share one list.
+class OpRanges {
+ public:
+  explicit OpRanges(std::vector<OpRange> ranges);
+  std::span<const OpRange> ranges() const { return ranges_; }
+  size_t size() const { return ranges_.size(); }
+  // The sum of the ranges' lengths.
+  uint64_t bytes() const { return bytes_; }
+  // Where range `k` begins in the sequence.
+  uint64_t start(size_t k) const { return starts_[k]; }
+  // The range holding byte `at` of the sequence (at < bytes()).
+  size_t range_at(uint64_t at) const;
+
+ private:
+  std::vector<OpRange> ranges_;
+  std::vector<uint64_t> starts_;
+  uint64_t bytes_ = 0;
+};
+
 struct Op {
   OpKind kind = OpKind::kReadIntoLocal;
   // The remote range: a handle, or a slice of one.
@@ -48,12 +82,28 @@ struct Op {
   // kCompareAndSwap expects.
   uint64_t operand = 0;
   uint64_t compare = 0;
+  // Reads and writes only: when set, the op moves these ranges, with one
+  // status, instead of the whole range. Each lies within `remote` and
+  // within `local`; no two overlap in local memory, nor, for a write, in
+  // remote memory (Manager::submit refuses them otherwise).
+  std::shared_ptr<const OpRanges> ranges = nullptr;
 
   static Op read(RemoteBuffer remote, LocalMemory local) {
     return Op{OpKind::kReadIntoLocal, std::move(remote), std::move(local)};
   }
   static Op write(RemoteBuffer remote, LocalMemory local) {
     return Op{OpKind::kWriteFromLocal, std::move(remote), std::move(local)};
+  }
+  // Scattered: reads each range of `remote` into its place in `local`.
+  static Op read_ranges(RemoteBuffer remote, LocalMemory local, std::vector<OpRange> ranges) {
+    Op op{OpKind::kReadIntoLocal, std::move(remote), std::move(local)};
+    op.ranges = std::make_shared<const OpRanges>(std::move(ranges));
+    return op;
+  }
+  static Op write_ranges(RemoteBuffer remote, LocalMemory local, std::vector<OpRange> ranges) {
+    Op op{OpKind::kWriteFromLocal, std::move(remote), std::move(local)};
+    op.ranges = std::make_shared<const OpRanges>(std::move(ranges));
+    return op;
   }
   // `word`: 8 bytes of a remote buffer (a slice); `previous`: at least 8
   // bytes of local host memory.
@@ -66,8 +116,10 @@ struct Op {
   }
 
   bool is_atomic() const { return is_atomic_kind(kind); }
-  // The bytes this op moves (an atomic's word: 8).
+  // The bytes this op moves (a scattered op's: its ranges'; an atomic's
+  // word: 8).
   uint64_t bytes() const {
+    if (ranges && !is_atomic()) return ranges->bytes();
     switch (kind) {
       case OpKind::kReadIntoLocal:
         return remote.size();
@@ -78,6 +130,8 @@ struct Op {
     }
   }
   static constexpr uint64_t kAtomicWordBytes = 8;
+  // The most ranges one scattered op may take.
+  static constexpr size_t kMaxRanges = size_t{1} << 20;
 };
 
 // "read", "write", "fetch-add", "compare-and-swap".
