@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import operator
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional, Set, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 from . import _rdmabuf
 from ._errors import InvalidArgumentError, NotFoundError, RDMATcpFallbackWarning
@@ -159,7 +170,9 @@ class RDMABuffer:
         self, dst: LocalMemory, *, timeout: Optional[float] = DEFAULT_TIMEOUT
     ) -> Future[int]:
         """Copies the whole buffer into the front of `dst` (writable; at least
-        `size()` bytes). Starts at once; returns a Future of the bytes moved.
+        `size()` bytes; any dense array or tensor, of any shape and strides:
+        the bytes fill its elements in row-major order, in place). Starts at
+        once; returns a Future of the bytes moved.
         `timeout` in seconds (None: the configured default, RDMABUF_TIMEOUT_MS)."""
         if self._dropped:
             self._check()
@@ -170,8 +183,9 @@ class RDMABuffer:
     def write_from(
         self, src: LocalMemory, *, timeout: Optional[float] = DEFAULT_TIMEOUT
     ) -> Future[int]:
-        """Copies the whole of `src` (at most `size()` bytes) into the front of
-        the buffer. Starts at once; returns a Future of the bytes moved."""
+        """Copies the whole of `src` (at most `size()` bytes; any dense array
+        or tensor: its elements in row-major order) into the front of the
+        buffer. Starts at once; returns a Future of the bytes moved."""
         if self._dropped:
             self._check()
         if not self._route_seen:
@@ -269,7 +283,8 @@ def _rebuild(data: bytes) -> RDMABuffer:
 
 # An op of an RDMAAction as the compiled layer takes it: (kind, handle,
 # local memory, operand, compare), kind as in rdmabuf::OpKind.
-_OpSpec = Tuple[int, "_rdmabuf.Handle", Any, int, int]
+_Range = Tuple[int, int, int]
+_OpSpec = Tuple[int, "_rdmabuf.Handle", Any, int, int, Optional[List[_Range]]]
 _READ, _WRITE, _FETCH_ADD, _COMPARE_AND_SWAP = 0, 1, 2, 3
 _WORD = 8
 
@@ -291,12 +306,40 @@ def _atomic_op(kind: int, name: str, src: RDMABuffer, dst: LocalMemory, operand:
             f"{name}: src must be one 8-byte word (e.g. buf.slice(offset, 8)), "
             f"not {src.size()} B"
         )
-    size = _rdmabuf.local_size(dst, True)
+    size = _rdmabuf.local_size(dst, True, False)
     if size < _WORD:
         raise InvalidArgumentError(f"{name}: dst holds {size} B, less than the word's 8 B")
     operand = _as_word_value(operand, "add" if kind == _FETCH_ADD else "swap")
     compare = _as_word_value(compare, "compare")
-    return (kind, src._handle, dst, operand, compare)
+    return (kind, src._handle, dst, operand, compare, None)
+
+
+def _as_ranges(ranges: Any, name: str, remote_size: int, local_size: int) -> List[_Range]:
+    """`ranges` as (remote offset, local offset, length) triples of ints, each
+    within both sides (InvalidArgumentError otherwise)."""
+    out: List[_Range] = []
+    for k, item in enumerate(ranges):
+        try:
+            remote, local, length = (operator.index(x) for x in item)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{name}: ranges[{k}] must be a (remote offset, local offset, length) "
+                f"triple of ints, not {item!r}"
+            ) from None
+        if length <= 0 or remote < 0 or local < 0:
+            raise InvalidArgumentError(f"{name}: ranges[{k}] = {item!r} is empty or negative")
+        if remote + length > remote_size:
+            raise InvalidArgumentError(
+                f"{name}: ranges[{k}] = {item!r} ends past the buffer's {remote_size} B"
+            )
+        if local + length > local_size:
+            raise InvalidArgumentError(
+                f"{name}: ranges[{k}] = {item!r} ends past the local memory's {local_size} B"
+            )
+        out.append((remote, local, length))
+    if not out:
+        raise InvalidArgumentError(f"{name}: ranges is empty")
+    return out
 
 
 class RDMAAction:
@@ -318,30 +361,58 @@ class RDMAAction:
     def __init__(self) -> None:
         self._ops: List[_OpSpec] = []
 
-    def read_remote(self, dst: LocalMemory, src: RDMABuffer) -> Self:
-        """Adds a read of the whole of remote `src` into the front of local `dst`."""
+    def read_remote(
+        self, dst: LocalMemory, src: RDMABuffer, *, ranges: Optional[Sequence[_Range]] = None
+    ) -> Self:
+        """Adds a read of the whole of remote `src` into the front of local `dst`.
+
+        `dst` may be any dense array or tensor, of any shape and strides
+        (every other row of a matrix, ``t[::2]``; a transposed view): the
+        bytes fill its elements in row-major order, straight into their
+        places in memory, with no contiguous copy in between.
+
+        `ranges`: a list of ``(remote offset, local offset, length)`` in
+        bytes, relative to `src` (a buffer, or a slice of one) and to `dst`
+        (contiguous), read instead of the whole buffer: one op that moves
+        them all (a KV cache's pages, rows of many tensors), with one status.
+        No two may overlap in `dst`."""
         src = _as_buffer(src, "read_remote: src")
         if not src._route_seen:
             src._see_route()
         size = _rdmabuf.local_size(dst, True)
+        if ranges is not None:
+            spec = _as_ranges(ranges, "read_remote", src.size(), size)
+            self._ops.append((_READ, src._handle, dst, 0, 0, spec))
+            return self
         if size < src.size():
             raise InvalidArgumentError(
                 f"read_remote: dst holds {size} B, less than the buffer's {src.size()} B"
             )
-        self._ops.append((_READ, src._handle, dst, 0, 0))
+        self._ops.append((_READ, src._handle, dst, 0, 0, None))
         return self
 
-    def write_remote(self, dst: RDMABuffer, src: LocalMemory) -> Self:
-        """Adds a write of the whole of local `src` into the front of remote `dst`."""
+    def write_remote(
+        self, dst: RDMABuffer, src: LocalMemory, *, ranges: Optional[Sequence[_Range]] = None
+    ) -> Self:
+        """Adds a write of the whole of local `src` into the front of remote `dst`.
+
+        `src` may be any dense array or tensor, as for read_remote: its
+        elements in row-major order are sent. `ranges`: as for read_remote
+        (offsets into `dst` and into `src`); no two may overlap on either
+        side."""
         dst = _as_buffer(dst, "write_remote: dst")
         if not dst._route_seen:
             dst._see_route()
         size = _rdmabuf.local_size(src, False)
+        if ranges is not None:
+            spec = _as_ranges(ranges, "write_remote", dst.size(), size)
+            self._ops.append((_WRITE, dst._handle, src, 0, 0, spec))
+            return self
         if size > dst.size():
             raise InvalidArgumentError(
                 f"write_remote: src holds {size} B, more than the buffer's {dst.size()} B"
             )
-        self._ops.append((_WRITE, dst._handle, src, 0, 0))
+        self._ops.append((_WRITE, dst._handle, src, 0, 0, None))
         return self
 
     def fetch_add(self, src: RDMABuffer, dst: LocalMemory, add: int) -> Self:

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,7 +82,19 @@ class PyLocal {
   // tensor's current stream; the stream __cuda_array_interface__ names;
   // the legacy default stream DLPack was asked to order it on) is waited
   // for here, with the GIL released, so the transfer sees it done.
-  static PyLocal acquire(py::handle obj, bool writable, const char* what);
+  //
+  // `strided`: for memory a transfer reads into or writes from, rather than
+  // memory to register. Then any dense array or tensor that exports the
+  // buffer protocol or is a torch.Tensor on the CPU or a CUDA GPU is
+  // accepted, of any number of dimensions and any strides: its elements in
+  // C (row-major) order are the bytes moved, without a copy (op() moves
+  // them as the ranges they form in memory when they are not contiguous).
+  static PyLocal acquire(py::handle obj, bool writable, const char* what, bool strided = false);
+
+  // The op that reads `remote` into this memory, or writes this memory to
+  // `remote` (kind): the whole of the remote range into the front of the
+  // elements, or every element into the front of the remote range.
+  Op op(OpKind kind, const RemoteBuffer& remote) const;
 
   // Gives host memory taken from `obj` the identity of its storage as its
   // keepalive (storage_identity), so that transfers on the same tensor or
@@ -89,8 +102,10 @@ class PyLocal {
   // written from; not for registrations, which hold their memory themselves.
   void identify(py::handle obj);
 
+  // From the lowest byte of the object's elements to past the highest.
   const LocalMemory& memory() const { return memory_; }
-  size_t size() const { return memory_.size(); }
+  // The bytes of its elements.
+  size_t size() const { return bytes_; }
   // Drops the export / reference (GIL held).
   void reset();
 
@@ -98,8 +113,15 @@ class PyLocal {
   // GPU objects (gpu_local.cc): false when `obj` is none of them.
   static bool acquire_cuda_array(py::handle obj, bool writable, const char* what, PyLocal& local);
   static bool acquire_dlpack(py::handle obj, bool writable, const char* what, PyLocal& local);
+  static PyLocal acquire_strided_tensor(py::handle obj, bool cuda, const char* what);
+  // Takes an array at `first` of this shape, strides (bytes) and itemsize.
+  void take_layout(void* first, std::span<const int64_t> shape, std::span<const int64_t> strides,
+                   uint64_t itemsize, const char* what);
 
   LocalMemory memory_;
+  uint64_t bytes_ = 0;
+  // Where its elements lie in memory_, when they are not contiguous.
+  std::vector<OpRange> runs_;
   Py_buffer view_{};
   bool has_view_ = false;
   py::object keep_;

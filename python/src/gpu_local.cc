@@ -123,6 +123,7 @@ bool PyLocal::acquire_cuda_array(py::handle obj, bool writable, const char* what
     if (stream == 0) invalid(what, "names stream 0, which __cuda_array_interface__ forbids");
   }
   local.memory_ = gpu_memory(data[0].cast<uintptr_t>(), count * itemsize, stream, 0, what);
+  local.bytes_ = local.memory_.size();
   local.keep_ = py::reinterpret_borrow<py::object>(obj);
   return true;
 }
@@ -160,6 +161,7 @@ bool PyLocal::acquire_dlpack(py::handle obj, bool writable, const char* what, Py
   const uint64_t nbytes = static_cast<uint64_t>(t.shape[0]) * (t.dtype.bits / 8) * t.dtype.lanes;
   const uintptr_t pointer = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
   local.memory_ = gpu_memory(pointer, nbytes, on_gpu ? kLegacyStream : 0, id, what, on_gpu);
+  local.bytes_ = local.memory_.size();
   return true;
 }
 

@@ -176,7 +176,7 @@ std::unique_ptr<PyTransfer> read_into(py::object self, const RemoteBuffer& remot
   Manager& m = pm.get();
   check_handle(remote);
   const auto ms = pm.timeout_ms(timeout);
-  PyLocal local = PyLocal::acquire(dst, /*writable=*/true, "read_into: dst");
+  PyLocal local = PyLocal::acquire(dst, /*writable=*/true, "read_into: dst", /*strided=*/true);
   local.identify(dst);
   if (local.size() < remote.size()) {
     raise_code(StatusCode::kInvalidArgument,
@@ -185,7 +185,7 @@ std::unique_ptr<PyTransfer> read_into(py::object self, const RemoteBuffer& remot
                    " (a read copies the whole buffer into the front of dst)");
   }
   std::vector<Op> ops;
-  ops.push_back(Op::read(remote, local.memory()));
+  ops.push_back(local.op(OpKind::kReadIntoLocal, remote));
   std::vector<PyLocal> locals;
   locals.push_back(std::move(local));
   auto t = std::make_unique<PyTransfer>(std::move(self), /*single=*/true);
@@ -199,7 +199,7 @@ std::unique_ptr<PyTransfer> write_from(py::object self, const RemoteBuffer& remo
   Manager& m = pm.get();
   check_handle(remote);
   const auto ms = pm.timeout_ms(timeout);
-  PyLocal local = PyLocal::acquire(src, /*writable=*/false, "write_from: src");
+  PyLocal local = PyLocal::acquire(src, /*writable=*/false, "write_from: src", /*strided=*/true);
   local.identify(src);
   if (local.size() > remote.size()) {
     raise_code(StatusCode::kInvalidArgument,
@@ -208,7 +208,7 @@ std::unique_ptr<PyTransfer> write_from(py::object self, const RemoteBuffer& remo
                    " (a write copies the whole of src into the front of the buffer)");
   }
   std::vector<Op> ops;
-  ops.push_back(Op::write(remote, local.memory()));
+  ops.push_back(local.op(OpKind::kWriteFromLocal, remote));
   std::vector<PyLocal> locals;
   locals.push_back(std::move(local));
   auto t = std::make_unique<PyTransfer>(std::move(self), /*single=*/true);
@@ -230,6 +230,13 @@ void check_overlaps(const std::vector<Op>& ops) {
     const auto start = reinterpret_cast<uintptr_t>(ops[i].local.data());
     // An atomic writes the word's previous value into its local memory.
     const bool writes_local = ops[i].kind != OpKind::kWriteFromLocal;
+    if (ops[i].ranges) {  // each range of a scattered op (its own are checked by submit)
+      for (const OpRange& r : ops[i].ranges->ranges()) {
+        ranges.push_back(
+            {start + r.local_offset, start + r.local_offset + r.length, writes_local, i});
+      }
+      continue;
+    }
     const uint64_t len = ops[i].kind == OpKind::kWriteFromLocal ? ops[i].local.size()
                          : ops[i].is_atomic()                   ? Op::kAtomicWordBytes
                                                                 : ops[i].remote.size();
@@ -247,7 +254,7 @@ void check_overlaps(const std::vector<Op>& ops) {
     } else if (r.read && r.start < end_any) {
       other = last_any;
     }
-    if (other) {
+    if (other && *other != r.index) {  // one op's own ranges: Manager::submit says why
       raise_code(StatusCode::kInvalidArgument,
                  "RDMAAction: the local memory of op " + std::to_string(std::min(*other, r.index)) +
                      " overlaps that of op " + std::to_string(std::max(*other, r.index)) +
@@ -264,7 +271,18 @@ void check_overlaps(const std::vector<Op>& ops) {
   }
 }
 
-// ops: (kind, handle, local object, operand, compare) per op; kind as in OpKind.
+// The (remote offset, local offset, length) triples of Python's `ranges`.
+std::vector<OpRange> ranges_from(py::handle list) {
+  std::vector<OpRange> ranges;
+  for (py::handle item : list) {
+    auto t = item.cast<py::tuple>();
+    ranges.push_back(OpRange{t[0].cast<uint64_t>(), t[1].cast<uint64_t>(), t[2].cast<uint64_t>()});
+  }
+  return ranges;
+}
+
+// ops: (kind, handle, local object, operand, compare, ranges or None) per
+// op; kind as in OpKind.
 std::unique_ptr<PyTransfer> submit(py::object self, const py::list& specs,
                                    std::optional<double> timeout, bool notify) {
   auto& pm = self.cast<PyManager&>();
@@ -287,14 +305,25 @@ std::unique_ptr<PyTransfer> submit(py::object self, const py::list& specs,
     const auto& remote = spec[1].cast<const RemoteBuffer&>();
     check_handle(remote);
     const std::string what = "RDMAAction op " + std::to_string(i) + (is_write ? ": src" : ": dst");
-    PyLocal local = PyLocal::acquire(spec[2], !is_write, what.c_str());
+    const bool atomic = !is_read && !is_write;
+    PyLocal local = PyLocal::acquire(spec[2], !is_write, what.c_str(), /*strided=*/!atomic);
     local.identify(spec[2]);
-    if (!is_read && !is_write) {  // an atomic: sizes were checked when it was added
+    if (atomic) {  // sizes were checked when it was added
       const auto operand = spec[3].cast<uint64_t>();
       const auto compare = spec[4].cast<uint64_t>();
       ops.push_back(op_kind == OpKind::kFetchAdd
                         ? Op::fetch_add(remote, local.memory(), operand)
                         : Op::compare_and_swap(remote, local.memory(), compare, operand));
+      locals.push_back(std::move(local));
+      continue;
+    }
+    if (!spec[5].is_none()) {  // explicit ranges, in bytes of contiguous local memory
+      if (local.size() != local.memory().size()) {
+        raise_code(StatusCode::kInvalidArgument,
+                   what + " is not contiguous: ranges= take offsets into contiguous memory");
+      }
+      ops.push_back(is_read ? Op::read_ranges(remote, local.memory(), ranges_from(spec[5]))
+                            : Op::write_ranges(remote, local.memory(), ranges_from(spec[5])));
       locals.push_back(std::move(local));
       continue;
     }
@@ -308,7 +337,7 @@ std::unique_ptr<PyTransfer> submit(py::object self, const py::list& specs,
                                                    ", more than the buffer's " +
                                                    bytes_text(remote.size()));
     }
-    ops.push_back(is_read ? Op::read(remote, local.memory()) : Op::write(remote, local.memory()));
+    ops.push_back(local.op(op_kind, remote));
     locals.push_back(std::move(local));
   }
   check_overlaps(ops);
@@ -353,10 +382,12 @@ PYBIND11_MODULE(_rdmabuf, m) {
       "Config::from_env() with the overrides applied, validated, as a dict.");
   m.def(
       "local_size",
-      [](py::handle obj, bool writable) {
-        return PyLocal::acquire(obj, writable, writable ? "dst" : "src").size();
+      [](py::handle obj, bool writable, bool strided) {
+        return PyLocal::acquire(obj, writable, writable ? "dst" : "src", strided).size();
       },
-      "Checks obj as local memory (as read_into/write_from do) and returns its size in bytes.");
+      py::arg("obj"), py::arg("writable"), py::arg("strided") = true,
+      "Checks obj as local memory (as read_into/write_from do; strided: any dense array or "
+      "tensor, as transfers take) and returns the bytes of its elements.");
   m.def("fork_generation", &fork_generation);
   m.def("storage_identity_count", &storage_identity_count);
 
