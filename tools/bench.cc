@@ -62,8 +62,9 @@ Measures one-sided reads and writes over one backend against a peer
 process it starts here (`rdmabuf serve`), or against the buffer behind
 --connect: setup costs, the latency of single 8 B and 4 KiB ops (p50, p99),
 the rate of --batch 64 B ops submitted at once (and of --batch 8 B
-fetch-and-adds on one word, over tcp and memory), and bandwidth at each of
---sizes; medians after warm-up. Reads from its own peer are checked byte
+fetch-and-adds on one word, over tcp and memory), one scattered op of
+--batch 4 KiB ranges beside the same bytes as separate ops and as one
+contiguous op, and bandwidth at each of --sizes; medians after warm-up. Reads from its own peer are checked byte
 for byte. With its own peer it also measures, in the same run and where
 installed: iperf3 beside tcp, memcpy and ucx_perftest beside memory,
 perftest beside ibverbs; and prints the ratio to each (above 1: rdmabuf
@@ -308,6 +309,75 @@ class Bench {
     return bandwidth(kind, size, size * batch, reps, "rate", 2 * size);
   }
 
+  // One scattered op of `count` ranges of `size`, every other `size` on
+  // both sides, beside the same bytes moved as `count` ops in one batch, as
+  // one contiguous op, and as `count` ops one at a time, rep by rep
+  // (interleaved, so that the figures share the machine's moods): one row
+  // per comparison, the scattered op's figures in each.
+  Result<std::vector<Sample>> scattered(OpKind kind, uint64_t size, uint64_t count, int reps) {
+    count = std::min(count, std::min(remote_.size(), local_.size()) / (2 * size));
+    if (count == 0) return InvalidArgument("bench: no room for scattered ranges");
+    std::vector<OpRange> ranges;
+    std::vector<Op> apart;
+    for (uint64_t k = 0; k < count; ++k) {
+      ranges.push_back(OpRange{2 * k * size, 2 * k * size, size});
+      RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer r, remote_.slice(2 * k * size, size));
+      RDMABUF_ASSIGN_OR_RETURN(LocalMemory l, local_.slice(2 * k * size, size));
+      apart.push_back(Op{kind, std::move(r), std::move(l)});
+    }
+    Op one = Op{kind, remote_, local_};
+    one.ranges = std::make_shared<const OpRanges>(std::move(ranges));
+    RDMABUF_ASSIGN_OR_RETURN(RemoteBuffer r, remote_.slice(0, count * size));
+    RDMABUF_ASSIGN_OR_RETURN(LocalMemory l, local_.slice(0, count * size));
+    const Op contiguous{kind, std::move(r), std::move(l)};
+    // Writes put the peer's own pattern back, so that later reads check.
+    if (kind == OpKind::kWriteFromLocal && verify_)
+      fill_seq(local_.span().first(2 * count * size), 0);
+    auto timed = [&](std::vector<Op> ops) -> Result<double> {
+      auto start = Clock::now();
+      Transfer t = manager_.submit(std::move(ops), kOpTimeout);
+      RDMABUF_RETURN_IF_ERROR(t.wait());
+      return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    };
+    std::vector<double> us_one, us_batch, us_contiguous, us_one_by_one;
+    for (int rep = 0; rep < kWarmupReps + reps; ++rep) {
+      RDMABUF_ASSIGN_OR_RETURN(double t_one, timed({one}));
+      if (kind == OpKind::kReadIntoLocal) {
+        for (uint64_t k = 0; k < count; ++k)
+          RDMABUF_RETURN_IF_ERROR(verify(2 * k * size, size, 2 * k * size));
+        std::memset(local_.data(), 0, 2 * count * size);  // each rep must bring them again
+      }
+      RDMABUF_ASSIGN_OR_RETURN(double t_batch, timed(apart));
+      RDMABUF_ASSIGN_OR_RETURN(double t_contiguous, timed({contiguous}));
+      double t_one_by_one = 0;
+      for (const Op& op : apart) {
+        RDMABUF_ASSIGN_OR_RETURN(double t, timed({op}));
+        t_one_by_one += t;
+      }
+      if (rep < kWarmupReps) continue;
+      us_one.push_back(t_one);
+      us_batch.push_back(t_batch);
+      us_contiguous.push_back(t_contiguous);
+      us_one_by_one.push_back(t_one_by_one);
+    }
+    if (kind == OpKind::kWriteFromLocal && verify_)
+      fill_seq(local_.span().first(2 * count * size), 0);
+    const uint64_t bytes = count * size;
+    const std::string n = std::to_string(count);
+    std::vector<Sample> rows;
+    for (const auto& [peer, us] : {std::pair{n + " ops, one batch", &us_batch},
+                                   std::pair{"one op of " + format_bytes(bytes), &us_contiguous},
+                                   std::pair{n + " ops, one by one", &us_one_by_one}}) {
+      Sample s = timed_sample(kind, size, count, us_one, "scattered");
+      s.gbps = static_cast<double>(bytes) / (s.p50_us * 1e3);
+      s.ops_per_s = 1e6 / s.p50_us;
+      s.peer = peer;
+      s.peer_gbps = static_cast<double>(bytes) / (median(*us) * 1e3);
+      rows.push_back(s);
+    }
+    return rows;
+  }
+
   // `batch` fetch-and-adds of 1 on the remote buffer's first word at once,
   // their previous values side by side in local memory; checks that each
   // batch saw every value from the one before it exactly once, and puts
@@ -546,7 +616,7 @@ int cmd_bench(int argc, char** argv) {
   }
   const bool measure_atomics =
       backend == "tcp" || (backend == "memory" && o.host_memory == HostMemory::kShared);
-  int total = 4 + 2 + (measure_atomics ? 1 : 0) +
+  int total = 4 + 2 + 2 + (measure_atomics ? 1 : 0) +
               2 * static_cast<int>(o.sizes.size() * o.layouts.size() + single_sizes.size()) +
               (run_iperf ? 3 : 0);
   Progress progress(total, o.quiet);
@@ -621,6 +691,13 @@ int cmd_bench(int argc, char** argv) {
         results.back().peer_ops_per_s = figure->ops_per_s;
       }
     }
+  }
+  for (OpKind kind : {OpKind::kReadIntoLocal, OpKind::kWriteFromLocal}) {
+    progress.step(std::string("scattered: ") + op_kind_name(kind) + " " + std::to_string(o.batch) +
+                  " x 4 KiB in one op, and apart, and contiguous");
+    auto rows = bench.scattered(kind, 4096, static_cast<uint64_t>(o.batch), o.iters);
+    if (!rows.ok()) return fail(rows.status());
+    results.insert(results.end(), rows->begin(), rows->end());
   }
   // Atomics, where this backend carries them (tcp; memory, on a buffer in a
   // shared file), beside UCX's fetch-and-add over the same kind of
@@ -741,6 +818,11 @@ int cmd_bench(int argc, char** argv) {
       last_kind = s.kind + s.layout;
       if (s.kind == "latency") std::printf("\nsingle round trips (submit, then wait):\n");
       if (s.kind == "rate") std::printf("\nsmall ops, --batch at a time:\n");
+      if (s.kind == "scattered") {
+        std::printf(
+            "\none scattered op of --batch ranges (every other 4 KiB on both sides), beside the\n"
+            "same bytes moved as separate ops and as one contiguous op; ops/s: scattered ops:\n");
+      }
       if (s.layout == "spread") {
         std::printf("\nbandwidth, --window (%s) of ops on distinct ranges per repetition:\n",
                     format_bytes(o.window).c_str());
