@@ -4,7 +4,7 @@
 # must exit 0 and print only JSON objects, one a line, each with the fields
 # docs/cli.md lists; every rdmabuf row names this backend; and where iperf3
 # is installed (tcp), its row must be there, as must the fetch-add rate row
-# over tcp. Exit 77 (a skip) when the
+# over tcp, and the scattered rows everywhere. Exit 77 (a skip) when the
 # backend is not viable here.
 #
 #   check_bench_json.sh RDMABUF_TOOL BACKEND
@@ -50,6 +50,9 @@ if any(r["backend"] != backend for r in ours):
     sys.exit(f"FAIL: an rdmabuf row names another backend than {backend}")
 if not any(r["kind"] == "bandwidth" and r["gbps"] > 0 for r in ours):
     sys.exit("FAIL: no bandwidth row with a figure")
+scattered = [r for r in ours if r["kind"] == "scattered"]
+if len(scattered) != 6 or any(r["gbps"] <= 0 or r.get("peer_gbps", 0) <= 0 for r in scattered):
+    sys.exit("FAIL: not 6 scattered rows (read and write, each beside 3 shapes) with figures")
 if backend == "tcp" and not any(r["op"] == "fetch-add" and r["kind"] == "rate"
                                 and r["ops_per_s"] > 0 for r in ours):
     sys.exit("FAIL: no fetch-add rate row over tcp")
