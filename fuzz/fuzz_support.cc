@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <utility>
 
 #include "backends/tcp/client.h"
 #include "backends/tcp/server.h"
@@ -229,6 +230,9 @@ namespace {
 
 constexpr size_t kRequest = 64;
 constexpr uint64_t kMaxRequestLength = uint64_t{1} << 30;
+// A scattered request's ranges: at most this many, of 16 bytes each.
+constexpr uint64_t kMaxRanges = 4096;
+constexpr size_t kRange = 16;
 
 void put_reply(OwnerModel& m, uint8_t kind, StatusCode code, uint64_t id, uint64_t payload) {
   uint8_t header[24] = {};
@@ -239,6 +243,11 @@ void put_reply(OwnerModel& m, uint8_t kind, StatusCode code, uint64_t id, uint64
   m.replies.insert(m.replies.end(), header, header + sizeof header);
 }
 
+// Bytes [offset, offset + length) of a buffer.
+struct Span {
+  uint64_t offset, length;
+};
+
 }  // namespace
 
 OwnerModel model_owner(std::span<const uint8_t> in) {
@@ -246,18 +255,21 @@ OwnerModel model_owner(std::span<const uint8_t> in) {
   for (size_t b = 0; b < std::size(kOwnedBuffers); ++b)
     m.buffers.push_back(initial_contents(b));
   size_t pos = 0;
+  std::vector<Span> spans;
   while (in.size() - pos >= kRequest) {
     std::span<const uint8_t> h = in.subspan(pos, kRequest);
     const uint8_t kind = h[0];
     const uint64_t request_id = load<uint64_t>(h, 8);
     const uint64_t buffer_id = load<uint64_t>(h, 16);
     const uint64_t region = load<uint64_t>(h, 40);
-    const uint64_t offset = load<uint64_t>(h, 48);
+    const uint64_t offset = load<uint64_t>(h, 48);  // a scattered request's: its ranges
     const uint64_t length = load<uint64_t>(h, 56);
     const bool atomic = kind == 3 || kind == 4;
-    if ((kind != 1 && kind != 2 && !atomic) || h[1] != 0 || load<uint16_t>(h, 2) != 0 ||
+    const bool scattered = kind == 5 || kind == 6;
+    const bool read = kind == 1 || kind == 5;
+    if (kind < 1 || kind > 6 || h[1] != 0 || load<uint16_t>(h, 2) != 0 ||
         load<uint32_t>(h, 4) != 0 || length == 0 || length > kMaxRequestLength ||
-        (atomic && length != 8)) {
+        (atomic && length != 8) || (scattered && (offset == 0 || offset > kMaxRanges))) {
       m.clean = false;  // the owner hangs up
       return m;
     }
@@ -274,6 +286,34 @@ OwnerModel model_owner(std::span<const uint8_t> in) {
       operands[1] = load<uint64_t>(in, pos + 8);
       pos += sizeof operands;
     }
+    // The bytes it moves, in payload order: a scattered request's ranges,
+    // any other's one span. A list cut short is never applied, and one
+    // with an empty range or whose lengths do not add up to `length` makes
+    // the owner hang up: either way, with no reply.
+    spans.clear();
+    if (scattered) {
+      if ((in.size() - pos) / kRange < offset) {
+        m.clean = false;
+        return m;
+      }
+      uint64_t sum = 0;  // at most 4096 ranges of at most 1 GiB: no overflow
+      for (uint64_t k = 0; k < offset; ++k) {
+        const Span r{load<uint64_t>(in, pos), load<uint64_t>(in, pos + 8)};
+        if (r.length == 0 || r.length > length) {
+          m.clean = false;
+          return m;
+        }
+        sum += r.length;
+        spans.push_back(r);
+        pos += kRange;
+      }
+      if (sum != length) {
+        m.clean = false;
+        return m;
+      }
+    } else {
+      spans.push_back(Span{offset, length});
+    }
     StatusCode code = StatusCode::kNotFound;
     size_t buffer = 0;
     for (size_t b = 0; b < std::size(kOwnedBuffers); ++b) {
@@ -281,9 +321,12 @@ OwnerModel model_owner(std::span<const uint8_t> in) {
       Token token = token_of(kOwnedBuffers[b]);
       const uint64_t size = m.buffers[b].size();
       buffer = b;
+      auto outside = [size](const Span& s) {
+        return s.offset > size || s.length > size - s.offset;
+      };
       if (std::memcmp(h.data() + 24, token.data(), token.size()) != 0) {
         code = StatusCode::kPermissionDenied;
-      } else if (region != size || offset > size || length > size - offset ||
+      } else if (region != size || std::any_of(spans.begin(), spans.end(), outside) ||
                  (atomic && offset % 8 != 0)) {  // the buffers are 8-byte aligned
         code = StatusCode::kInvalidArgument;
       } else {
@@ -291,41 +334,55 @@ OwnerModel model_owner(std::span<const uint8_t> in) {
       }
     }
     const bool ok = code == StatusCode::kOk;
-    auto at = m.buffers[buffer].begin() + static_cast<ptrdiff_t>(ok ? offset : 0);
+    std::vector<uint8_t>& bytes = m.buffers[buffer];
+    auto at = [&bytes](uint64_t offset_in) {
+      return bytes.begin() + static_cast<ptrdiff_t>(offset_in);
+    };
     if (atomic) {
       put_reply(m, kind, code, request_id, ok ? 8 : 0);
       if (!ok) continue;
       uint64_t word;
-      std::memcpy(&word, &*at, sizeof word);
+      std::memcpy(&word, &*at(offset), sizeof word);
       const uint64_t previous = word;
       if (kind == 3) {
         word += operands[0];
       } else if (word == operands[0]) {
         word = operands[1];
       }
-      std::memcpy(&*at, &word, sizeof word);
+      std::memcpy(&*at(offset), &word, sizeof word);
       const auto* p = reinterpret_cast<const uint8_t*>(&previous);
       m.replies.insert(m.replies.end(), p, p + sizeof previous);
       continue;
     }
-    if (kind == 1) {
+    if (read) {  // the spans' bytes, one after the other
       put_reply(m, kind, code, request_id, ok ? length : 0);
-      if (ok) m.replies.insert(m.replies.end(), at, at + static_cast<ptrdiff_t>(length));
+      if (!ok) continue;
+      for (const Span& s : spans)
+        m.replies.insert(m.replies.end(), at(s.offset), at(s.offset + s.length));
       continue;
     }
     if (in.size() - pos < length) {  // cut short: the owner hangs up without a reply
       m.clean = false;
-      if (ok) {
+      if (ok) {  // it may have landed any of the spans' bytes, in part
         m.cut_buffer = buffer;
-        m.cut_begin = offset;
-        m.cut_end = offset + length;
+        m.cut_begin = bytes.size();
+        m.cut_end = 0;
+        for (const Span& s : spans) {
+          m.cut_begin = std::min<size_t>(m.cut_begin, s.offset);
+          m.cut_end = std::max<size_t>(m.cut_end, s.offset + s.length);
+        }
       }
       return m;
     }
-    if (ok)
-      std::copy(in.begin() + static_cast<ptrdiff_t>(pos),
-                in.begin() + static_cast<ptrdiff_t>(pos + length), at);
-    pos += length;
+    if (ok) {  // span after span: a later one wins where they overlap
+      for (const Span& s : spans) {
+        std::copy(in.begin() + static_cast<ptrdiff_t>(pos),
+                  in.begin() + static_cast<ptrdiff_t>(pos + s.length), at(s.offset));
+        pos += s.length;
+      }
+    } else {
+      pos += length;
+    }
     put_reply(m, kind, code, request_id, 0);
   }
   if (pos != in.size()) m.clean = false;  // half a request, then the end
@@ -348,6 +405,13 @@ bool ReaderPlan::parse(std::span<const uint8_t>& bytes, ReaderPlan* plan) {
       plan->ops.push_back(PlannedOp{false, 8, static_cast<uint8_t>((b & 0x20u) ? 4 : 3)});
       continue;
     }
+    if (b & 0x40u) {
+      uint64_t length = 0;
+      for (const OpRange& r : planned_ranges(index))
+        length += r.length;
+      plan->ops.push_back(PlannedOp{write, length, 0, static_cast<uint8_t>(index + 1)});
+      continue;
+    }
     plan->ops.push_back(PlannedOp{write, write ? kWriteLengths[index] : kReadLengths[index]});
   }
   bytes = bytes.subspan(1 + count);
@@ -362,11 +426,80 @@ std::vector<uint8_t> ReaderPlan::encode() const {
       out.push_back(static_cast<uint8_t>(0x10 | (op.atomic == 4 ? 0x20 : 0)));
       continue;
     }
+    if (op.ranges != 0) {
+      out.push_back(static_cast<uint8_t>(0x40 | ((op.ranges - 1) << 1) | (op.write ? 1 : 0)));
+      continue;
+    }
     std::span<const uint64_t> lengths = op.write ? std::span<const uint64_t>(kWriteLengths)
                                                  : std::span<const uint64_t>(kReadLengths);
     size_t index =
         static_cast<size_t>(std::find(lengths.begin(), lengths.end(), op.length) - lengths.begin());
     out.push_back(static_cast<uint8_t>((op.write ? 1 : 0) | (index << 1)));
+  }
+  return out;
+}
+
+const std::vector<OpRange>& planned_ranges(size_t index) {
+  static const auto* lists = [] {
+    auto* out = new std::vector<std::vector<OpRange>>;
+    // {remote offset, local offset, length}
+    out->push_back({{100, 0, 50}});
+    out->push_back({{4000, 8, 100}, {0, 200, 8}});
+    out->push_back({{0, 0, 3000}, {8192, 3000, 3000}, {20000, 6000, 100}});  // across 4 KiB
+    std::vector<OpRange> small;  // 16 of 8 bytes, landing in reverse order
+    for (uint64_t i = 0; i < 16; ++i)
+      small.push_back({i * 64 + 8, (15 - i) * 8, 8});
+    out->push_back(std::move(small));
+    out->push_back({{1000, 0, 10000}, {0, 10000, 1}});  // a range over 4 KiB
+    // More ranges than one request holds.
+    std::vector<OpRange> many;
+    for (uint64_t i = 0; i < 4100; ++i)
+      many.push_back({i * 4, i * 2, 2});
+    out->push_back(std::move(many));
+    out->push_back({{30000, 4000, 2000}, {10, 0, 4000}});
+    out->push_back({{32767, 16383, 1}, {0, 0, 16383}});  // buffer 1's last byte
+    return out;
+  }();
+  return (*lists)[index];
+}
+
+uint64_t planned_local_bytes(const ReaderPlan::PlannedOp& op) {
+  if (op.ranges == 0) return op.length;
+  uint64_t end = 0;
+  for (const OpRange& r : planned_ranges(op.ranges - 1))
+    end = std::max(end, r.local_offset + r.length);
+  return end;
+}
+
+std::vector<PlannedChunk> planned_chunks(const ReaderPlan& plan) {
+  constexpr size_t kMostRanges = 4096;
+  std::vector<PlannedChunk> out;
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    const auto& op = plan.ops[i];
+    if (op.ranges == 0) {
+      const uint8_t kind = op.atomic != 0 ? op.atomic : op.write ? 2 : 1;
+      for (uint64_t at = 0; at < op.length; at += plan.chunk_size) {
+        const uint64_t length = std::min(plan.chunk_size, op.length - at);
+        out.push_back(PlannedChunk{i, kind, at, length, {{at, at, length}}});
+      }
+      continue;
+    }
+    // A new request once the last is full, in bytes or in ranges.
+    const uint8_t kind = op.write ? 6 : 5;
+    PlannedChunk c{i, kind, 0, 0, {}};
+    for (const OpRange& r : planned_ranges(op.ranges - 1)) {
+      for (uint64_t done = 0; done < r.length;) {
+        if (c.length == plan.chunk_size || c.pieces.size() == kMostRanges) {
+          const uint64_t next = c.op_offset + c.length;
+          out.push_back(std::exchange(c, PlannedChunk{i, kind, next, 0, {}}));
+        }
+        const uint64_t take = std::min(r.length - done, plan.chunk_size - c.length);
+        c.pieces.push_back({r.remote_offset + done, r.local_offset + done, take});
+        c.length += take;
+        done += take;
+      }
+    }
+    out.push_back(std::move(c));
   }
   return out;
 }
@@ -390,9 +523,9 @@ const std::vector<uint8_t>& initial_local(size_t op) {
 
 size_t request_bytes(const ReaderPlan& plan) {
   size_t total = 0;
-  for (const auto& op : plan.ops) {
-    size_t chunks = (op.length + plan.chunk_size - 1) / plan.chunk_size;
-    total += chunks * 64 + (op.write ? op.length : 0) + (op.atomic != 0 ? 16 : 0);
+  for (const PlannedChunk& c : planned_chunks(plan)) {
+    total += 64 + (c.scattered() ? 16 * c.pieces.size() : 0) + (c.write() ? c.length : 0) +
+             (c.kind == 3 || c.kind == 4 ? 16 : 0);
   }
   return total;
 }
@@ -414,14 +547,20 @@ ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replie
   std::vector<Op> ops;
   for (size_t i = 0; i < plan.ops.size(); ++i) {
     const auto& planned = plan.ops[i];
-    LocalMemory local = heap_memory(planned.length);
-    std::memcpy(local.data(), initial_local(i).data(), planned.length);
+    const uint64_t local_bytes = planned_local_bytes(planned);
+    RDMABUF_FUZZ_CHECK(local_bytes <= initial_local(i).size());
+    LocalMemory local = heap_memory(local_bytes);
+    std::memcpy(local.data(), initial_local(i).data(), local_bytes);
     if (planned.atomic != 0) {
       auto word = handle->slice(0, 8);
       RDMABUF_FUZZ_CHECK(word.ok());
       const PlannedOperands o = planned_operands(i, planned.atomic);
       ops.push_back(planned.atomic == 3 ? Op::fetch_add(*word, local, o.first)
                                         : Op::compare_and_swap(*word, local, o.first, o.second));
+    } else if (planned.ranges != 0) {
+      const std::vector<OpRange>& ranges = planned_ranges(planned.ranges - 1);
+      ops.push_back(planned.write ? Op::write_ranges(*handle, local, ranges)
+                                  : Op::read_ranges(*handle, local, ranges));
     } else if (planned.write) {
       ops.push_back(Op::write(*handle, local));
     } else {

@@ -15,6 +15,7 @@
 
 #include "common/socket.h"
 #include "rdmabuf/buffer.h"
+#include "rdmabuf/op.h"
 #include "rdmabuf/status.h"
 
 // Reports a broken invariant as a crash, so that libFuzzer saves the input.
@@ -76,7 +77,8 @@ Token token_of(const OwnedBuffer& buffer);
 const std::vector<uint8_t>& initial_contents(size_t index);
 
 // The owner of docs/wire-format.md ("tcp data frames", "What each side
-// refuses") serving `requests` (the bytes a reader sends after the hello)
+// refuses") and backends/tcp/protocol.h (scattered requests, kinds 5 and 6)
+// serving `requests` (the bytes a reader sends after the hello)
 // from kOwnedBuffers, as initial_contents left them: a model to check the
 // real one against.
 struct OwnerModel {
@@ -90,7 +92,9 @@ struct OwnerModel {
   // sending the replies it has gathered.
   bool clean = true;
   // A write cut short by the end of the input leaves these bytes of buffer
-  // `cut_buffer` unspecified (the owner may have applied part of it).
+  // `cut_buffer` unspecified (the owner may have applied part of it): a
+  // plain write's range; a scattered write's, from the lowest byte of its
+  // ranges to the highest.
   size_t cut_buffer = 0, cut_begin = 0, cut_end = 0;
 };
 OwnerModel model_owner(std::span<const uint8_t> requests);
@@ -108,19 +112,23 @@ std::vector<uint8_t> serve_requests(std::span<const uint8_t> requests,
 
 // --- The reader of the tcp targets ------------------------------------------
 
-// A batch of ops on buffer 1 of the owner (each at remote offset 0), chunked
-// as a tcp::Peer with one stream chunks them. Decoded from the first bytes
-// of an input: byte 0, bits 0-1: ops - 1; bit 2: chunk size 64 KiB (else
-// 4 KiB); then a byte per op: bit 0 write (else read), bits 1-3 its length
-// (an index into kReadLengths or kWriteLengths); bit 4: instead, an atomic
-// on the word at offset 0 (bit 5: compare-and-swap, else fetch-and-add),
-// with the operands planned_operands gives. Writes are at most 16 KiB, so
-// the reader always sends a write's payload together with its header.
+// A batch of ops on buffer 1 of the owner (each at remote offset 0, but
+// for a scattered op's ranges), chunked as a tcp::Peer with one stream
+// chunks them. Decoded from the first bytes of an input: byte 0, bits 0-1:
+// ops - 1; bit 2: chunk size 64 KiB (else 4 KiB); then a byte per op: bit
+// 0 write (else read), bits 1-3 its length (an index into kReadLengths or
+// kWriteLengths); bit 4: instead, an atomic on the word at offset 0 (bit
+// 5: compare-and-swap, else fetch-and-add), with the operands
+// planned_operands gives; else bit 6: instead, a scattered read or write
+// of the ranges planned_ranges gives (bits 1-3: which list). Writes are at
+// most 16 KiB, so the reader always sends a write's payload together with
+// its header.
 struct ReaderPlan {
   struct PlannedOp {
     bool write = false;
-    uint64_t length = 0;
-    uint8_t atomic = 0;  // 0: a read or write; else the tcp request kind (3, 4)
+    uint64_t length = 0;  // the bytes it moves (a scattered op's: its ranges')
+    uint8_t atomic = 0;   // 0: a read or write; else the tcp request kind (3, 4)
+    uint8_t ranges = 0;   // 0: one range; else 1 + the index of its planned_ranges
   };
   std::vector<PlannedOp> ops;
   uint64_t chunk_size = 4096;
@@ -144,6 +152,34 @@ constexpr PlannedOperands planned_operands(size_t op, uint8_t kind) {
 }
 constexpr uint64_t kReadLengths[] = {1, 8, 100, 4096, 4097, 16384, 20000, 32768};
 constexpr uint64_t kWriteLengths[] = {1, 8, 100, 4096, 4097, 16384, 4095, 2};
+// The ranges of a scattered op (list `index`, 0..7), in buffer 1 and in the
+// op's local memory (at most 32 KiB): never overlapping on either side,
+// some out of order, some across a chunk's end, one list of more than
+// 4096 ranges (one request's most). Their lengths add up to at most 16 KiB.
+const std::vector<OpRange>& planned_ranges(size_t index);
+// The bytes op `op`'s local memory spans.
+uint64_t planned_local_bytes(const ReaderPlan::PlannedOp& op);
+
+// One request of a plan, as docs/wire-format.md and tcp/protocol.h say a
+// reader cuts an op: `length` bytes from byte `op_offset` of the op's bytes
+// (a scattered op's ranges taken one after another), at most chunk_size of
+// them, and for a scattered op at most 4096 ranges (one range cut between
+// two requests counts in both; a request ends as soon as it holds either
+// most).
+struct PlannedChunk {
+  size_t op;
+  uint8_t kind;        // the request's (1 to 6)
+  uint64_t op_offset;  // within the op's bytes
+  uint64_t length;
+  // Where its bytes lie, in order: remote offsets in buffer 1, local ones
+  // in the op's memory (a plain op's one piece: op_offset on both sides).
+  std::vector<OpRange> pieces;
+  bool write() const { return kind == 2 || kind == 6; }
+  bool scattered() const { return kind == 5 || kind == 6; }
+  // Whether an OK reply carries `length` bytes (a read's, an atomic's word).
+  bool returns_bytes() const { return !write(); }
+};
+std::vector<PlannedChunk> planned_chunks(const ReaderPlan& plan);
 
 // What one run of a plan gave.
 struct ReaderOutcome {
@@ -153,7 +189,7 @@ struct ReaderOutcome {
   bool finished = false;                    // every op finished in time
 };
 // Op `op`'s local memory before a run (what a write sends): its first
-// `length` bytes are the op's.
+// planned_local_bytes are the op's.
 const std::vector<uint8_t>& initial_local(size_t op);
 
 // The status run_reader's owner refuses a second connection with, at its
@@ -170,8 +206,9 @@ constexpr StatusCode kRefusedAgain = StatusCode::kResourceExhausted;
 ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replies,
                          size_t expect_requests = 0);
 
-// The request bytes `plan` makes a reader send: 64 per chunk, plus the
-// payload of each write chunk and the 16 operand bytes of each atomic.
+// The request bytes `plan` makes a reader send: 64 per chunk, plus a
+// scattered chunk's 16 per range, the payload of each write chunk and the
+// 16 operand bytes of each atomic.
 size_t request_bytes(const ReaderPlan& plan);
 
 }  // namespace rdmabuf::fuzz

@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backends/ibverbs/handle_context.h"
@@ -208,6 +209,16 @@ void write_tcp_frames(CorpusWriter& out) {
   struct Named {
     std::string name;
     ReaderPlan plan;
+    // Whether its requests are a seed for fuzz_tcp_server too: not those of
+    // over 100 KiB, which would raise that fuzzer's input length tenfold.
+    bool server_seed = true;
+  };
+  // A scattered read or write of planned_ranges(index).
+  auto scattered_op = [](bool write, size_t index) {
+    uint64_t length = 0;
+    for (const OpRange& r : planned_ranges(index))
+      length += r.length;
+    return Op{write, length, 0, static_cast<uint8_t>(index + 1)};
   };
   const std::vector<Named> plans = {
       {"reads_4k_chunks", ReaderPlan{{Op{false, 100}, Op{false, 20000}}, 4 << 10}},
@@ -221,11 +232,22 @@ void write_tcp_frames(CorpusWriter& out) {
       // Atomics between a read and a write of the same word.
       {"reader_atomics",
        ReaderPlan{{Op{false, 8}, Op{false, 8, 3}, Op{false, 8, 4}, Op{true, 8}}, 4 << 10}},
+      // Scattered ops: ranges across a chunk's end, out of order, many
+      // small ones; then writes and a read in 64 KiB chunks; then over 4096
+      // ranges, cut into two requests (137 KiB of them).
+      {"scattered_reads",
+       ReaderPlan{{scattered_op(false, 2), scattered_op(false, 3), scattered_op(false, 6)},
+                  4 << 10}},
+      {"scattered_writes_then_read",
+       ReaderPlan{{scattered_op(true, 1), scattered_op(true, 4), scattered_op(false, 7)},
+                  64 << 10}},
+      {"scattered_many_ranges",
+       ReaderPlan{{scattered_op(true, 5), scattered_op(false, 5)}, 64 << 10}, false},
   };
   std::vector<std::pair<std::string, std::vector<uint8_t>>> servers, clients;
   for (const Named& n : plans) {
     std::vector<uint8_t> requests = requests_for(n.plan);
-    servers.emplace_back(n.name + ".bin", requests);
+    if (n.server_seed) servers.emplace_back(n.name + ".bin", requests);
     clients.emplace_back(n.name + ".bin", joined({n.plan.encode(), serve_requests(requests)}));
   }
   // Refusals: the first request of the first plan with a wrong token, then
@@ -265,6 +287,59 @@ void write_tcp_frames(CorpusWriter& out) {
   atomic_request(3, 4, kOwnedBuffers[0], 12, 1, 0);
   atomic_request(4, 5, kOwnedBuffers[1], 256, 0, 1);
   servers.emplace_back("atomics.bin", atomics);
+
+  // Scattered requests (kinds 5 and 6: the header's offset is the number
+  // of ranges, its length their sum; a write's payload follows the list).
+  std::vector<uint8_t> scattered;
+  auto request = [&scattered](uint8_t kind, uint64_t id, const OwnedBuffer& buffer, uint64_t offset,
+                              uint64_t length) {
+    const size_t at = scattered.size();
+    scattered.resize(at + 64, 0);
+    scattered[at] = kind;
+    poke<uint64_t>(scattered, at + 8, id);
+    poke<uint64_t>(scattered, at + 16, buffer.id);
+    std::memset(scattered.data() + at + 24, buffer.token_byte, 16);
+    poke<uint64_t>(scattered, at + 40, buffer.size);
+    poke<uint64_t>(scattered, at + 48, offset);
+    poke<uint64_t>(scattered, at + 56, length);
+  };
+  auto scattered_request = [&](uint8_t kind, uint64_t id, const OwnedBuffer& buffer,
+                               std::initializer_list<std::pair<uint64_t, uint64_t>> ranges,
+                               uint64_t length) {
+    request(kind, id, buffer, ranges.size(), length);
+    for (const auto& [offset, range_length] : ranges) {
+      scattered.resize(scattered.size() + 16);
+      poke<uint64_t>(scattered, scattered.size() - 16, offset);
+      poke<uint64_t>(scattered, scattered.size() - 8, range_length);
+    }
+    for (uint64_t i = 0; kind == 6 && i < length; ++i)
+      scattered.push_back(static_cast<uint8_t>(0x40 + i * 3));
+  };
+  const OwnedBuffer& large = kOwnedBuffers[0];
+  const OwnedBuffer& small = kOwnedBuffers[1];
+  // A write of three ranges of buffer 1 out of order, a read of ranges
+  // across them (one long enough to be sent from the buffer) and a write
+  // of two overlapping ranges after it, on bytes that read returns; then a
+  // read and a write with one range past buffer 2's end (refused whole,
+  // the write's payload discarded) and a plain read of what that write
+  // would have changed.
+  scattered_request(6, 1, large, {{5000, 300}, {100, 10}, {40, 20}}, 330);
+  scattered_request(5, 2, large, {{40, 20}, {95, 20}, {4900, 600}, {100, 4}}, 644);
+  scattered_request(6, 3, large, {{5000, 8}, {5004, 8}}, 16);
+  scattered_request(5, 4, small, {{0, 8}, {250, 8}}, 16);
+  scattered_request(6, 5, small, {{200, 16}, {256, 1}}, 17);
+  request(1, 6, small, 200, 16);
+  servers.emplace_back("scattered.bin", std::exchange(scattered, {}));
+  // A read, then lists the owner hangs up at: one with an empty range, one
+  // whose lengths add up to more than the header's.
+  scattered_request(5, 1, small, {{8, 8}, {0, 8}}, 16);
+  scattered_request(5, 2, large, {{0, 4}, {8, 0}}, 4);
+  scattered_request(6, 3, large, {{0, 4}, {8, 4}}, 4);
+  servers.emplace_back("scattered_bad_lists.bin", std::exchange(scattered, {}));
+  // A scattered write whose payload is cut short after its first range.
+  scattered_request(6, 1, large, {{300, 16}, {100, 16}}, 32);
+  scattered.resize(scattered.size() - 8);
+  servers.emplace_back("scattered_write_cut.bin", std::exchange(scattered, {}));
 
   // A goodbye after the first reply of four_small_ops (a read of 1 byte):
   // the reader goes again on a new connection for the other three.
