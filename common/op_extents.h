@@ -18,20 +18,30 @@ struct Extent {
   uint64_t length = 0;
 };
 
-// The extent from byte `at` of the op's sequence (at < op.bytes()) to the end
-// of the range holding it. A plain read or write is one range, from 0 on
-// both sides.
-Extent extent_at(const Op& op, uint64_t at);
+// Walks an op's extents in order from byte `at` of its sequence: one search
+// for the first, then one range after another.
+class ExtentCursor {
+ public:
+  ExtentCursor(const Op& op, uint64_t at);
+  // The next extent, cut to at most `max` bytes (the rest of it comes
+  // next). Call only while bytes remain (the caller counts them).
+  Extent next(uint64_t max);
+
+ private:
+  const OpRanges* ranges_;  // null: a plain op
+  uint64_t at_;             // the byte of the sequence, or of the range, next
+  size_t range_ = 0;
+  uint64_t end_;  // a plain op's bytes
+};
 
 // Calls fn(Extent) for each extent of bytes [begin, begin + length) of the
 // op's sequence, in order.
 template <class Fn>
 void for_each_extent(const Op& op, uint64_t begin, uint64_t length, Fn&& fn) {
+  ExtentCursor cursor(op, begin);
   while (length > 0) {
-    Extent e = extent_at(op, begin);
-    e.length = std::min(e.length, length);
+    const Extent e = cursor.next(length);
     fn(e);
-    begin += e.length;
     length -= e.length;
   }
 }

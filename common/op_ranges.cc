@@ -20,12 +20,27 @@ size_t OpRanges::range_at(uint64_t at) const {
   return static_cast<size_t>(it - starts_.begin()) - 1;
 }
 
-Extent extent_at(const Op& op, uint64_t at) {
-  if (!op.ranges) return Extent{at, at, op.bytes() - at};
-  const size_t k = op.ranges->range_at(at);
-  const OpRange& r = op.ranges->ranges()[k];
-  const uint64_t into = at - op.ranges->start(k);
-  return Extent{r.local_offset + into, r.remote_offset + into, r.length - into};
+ExtentCursor::ExtentCursor(const Op& op, uint64_t at)
+    : ranges_(op.ranges.get()), at_(at), end_(op.bytes()) {
+  if (!ranges_ || at >= ranges_->bytes()) return;
+  range_ = ranges_->range_at(at);
+  at_ = at - ranges_->start(range_);  // within the range from here on
+}
+
+Extent ExtentCursor::next(uint64_t max) {
+  if (!ranges_) {
+    const Extent e{at_, at_, std::min(max, end_ - at_)};
+    at_ += e.length;
+    return e;
+  }
+  const OpRange& r = ranges_->ranges()[range_];
+  const Extent e{r.local_offset + at_, r.remote_offset + at_, std::min(max, r.length - at_)};
+  at_ += e.length;
+  if (at_ == r.length) {
+    ++range_;
+    at_ = 0;
+  }
+  return e;
 }
 
 uint64_t count_extents(const Op& op, uint64_t begin, uint64_t length) {

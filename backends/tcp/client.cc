@@ -31,7 +31,10 @@ constexpr uint64_t kInlineWrite = 16 << 10;
 // Read payloads with at least this much left are received straight into
 // local memory; smaller remainders go through the rx buffer.
 constexpr uint64_t kDirectRecvMin = 16 << 10;
-constexpr int kMaxIov = 64;
+// A sendmsg (recvmsg) gathers (scatters) up to this many pieces: a
+// scattered write's (read's) ranges come in hundreds.
+constexpr size_t kMaxSendIov = 256;
+constexpr size_t kMaxRecvIov = 256;
 constexpr size_t kMaxSegments = 1024;
 constexpr size_t kScratchBytes = 64 << 10;
 // Load counted per request on top of its bytes, so that many tiny ops spread.
@@ -343,12 +346,12 @@ bool Stream::pump_send() {
   bool progressed = false;
   encode();
   while (!segs_.empty()) {
-    iovec iov[kMaxIov];
-    TransferState* touched[kMaxIov];
+    iovec iov[kMaxSendIov];
+    TransferState* touched[kMaxSendIov];
     int n = 0, ntouched = 0;
     size_t arena_at = tx_head_;
     for (TxSegment& seg : segs_) {
-      if (n == kMaxIov) break;
+      if (n == static_cast<int>(kMaxSendIov)) break;
       size_t left = seg.size - seg.done;
       if (seg.external == nullptr) {
         iov[n++] = {tx_.data() + arena_at, left};
@@ -493,14 +496,13 @@ bool Stream::read_payload() {
     int err;
     if (c.transfer->begin_touch()) {
       // Straight into local memory, extent after extent.
-      iovec iov[kMaxIov];
+      iovec iov[kMaxRecvIov];
       size_t count = 0;
-      const uint64_t begin = c.op_offset + c.moved;
-      for (uint64_t at = begin; at < begin + left && count < kMaxIov;) {
-        Extent e = extent_at(op, at);
-        e.length = std::min(e.length, begin + left - at);
+      ExtentCursor cursor(op, c.op_offset + c.moved);
+      for (uint64_t want = left; want > 0 && count < kMaxRecvIov;) {
+        const Extent e = cursor.next(want);
         iov[count++] = {op.local.data() + e.local_offset, e.length};
-        at += e.length;
+        want -= e.length;
       }
       msghdr msg{};
       msg.msg_iov = iov;

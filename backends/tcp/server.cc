@@ -36,6 +36,9 @@ constexpr uint64_t kInlineRange = 512;
 // Gathered replies are sent once this many bytes or pieces are waiting.
 constexpr size_t kFlushAtBytes = 4 << 20;
 constexpr size_t kMaxIov = 64;
+// One sendmsg (or a write payload's recvmsg) takes up to this many pieces
+// (a scattered request's ranges come in hundreds).
+constexpr size_t kMaxSendIov = 256;
 // Memory that connections give back while they wait (receive buffers,
 // reply arenas), kept for the next connection with work (allocating again
 // for every burst costs page faults, and growing an arena copies): up to
@@ -431,11 +434,23 @@ ServerConnection::Step ServerConnection::receive_payload() {
     if (abandoned()) return Step::kClosed;
   }
   const bool keep = payload_.keep;
-  if (keep) next_extent();
   if (!keep && !rx_) rx_ = take_rx_buffer();
-  void* into = keep ? static_cast<void*>(payload_.at) : static_cast<void*>(rx_.get());
-  const size_t want = keep ? payload_.at_left : std::min(payload_.left, kRxBytes);
-  ssize_t n = ::recv(fd_.get(), into, want, MSG_DONTWAIT);
+  // Straight into the buffer: the current extent and the ones after it (a
+  // scattered write's ranges), or into rx_ to be discarded.
+  iovec iov[kMaxSendIov];
+  size_t count = 0;
+  if (keep) {
+    next_extent();
+    iov[count++] = {payload_.at, payload_.at_left};
+    for (size_t k = payload_.next_extent; k < extents_.size() && count < kMaxSendIov; ++k)
+      iov[count++] = {extents_[k].first, static_cast<size_t>(extents_[k].second)};
+  } else {
+    iov[count++] = {rx_.get(), std::min(payload_.left, kRxBytes)};
+  }
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = count;
+  ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
   if (n == 0) return Step::kClosed;
   if (n < 0) {
     if (errno == EINTR) return Step::kProgress;
@@ -443,9 +458,12 @@ ServerConnection::Step ServerConnection::receive_payload() {
   }
   const size_t got = static_cast<size_t>(n);
   payload_.left -= got;
-  if (keep) {
-    payload_.at += got;
-    payload_.at_left -= got;
+  for (size_t moved = got; keep && moved > 0;) {  // past what landed
+    next_extent();
+    const size_t k = std::min(moved, payload_.at_left);
+    payload_.at += k;
+    payload_.at_left -= k;
+    moved -= k;
   }
   if (payload_.left > 0) return Step::kProgress;
   if (keep) after_buffer_access(pin_.data());
@@ -616,10 +634,10 @@ ServerConnection::Step ServerConnection::send_some() {
   if (from_buffer) sends_from_buffer_begin();
   Step result = Step::kProgress;
   while (send_segment_ < out_.size()) {
-    iovec iov[kMaxIov];
+    iovec iov[kMaxSendIov];
     int count = 0;
     size_t arena_at = send_arena_at_;
-    for (size_t i = send_segment_; i < out_.size() && count < static_cast<int>(kMaxIov); ++i) {
+    for (size_t i = send_segment_; i < out_.size() && count < static_cast<int>(kMaxSendIov); ++i) {
       const OutSegment& seg = out_[i];
       const size_t skip = i == send_segment_ ? send_offset_ : 0;
       if (seg.staged) {

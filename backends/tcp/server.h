@@ -30,7 +30,7 @@ struct ServerSettings {
 // (or leaves replies unread that long), or the backend shuts down. Every
 // request is checked (token, buffer id, bounds) against the registry; a
 // refused request gets an error reply and the connection goes on. Replies
-// are gathered and sent together (up to kMaxIov pieces per sendmsg):
+// are gathered and sent together (up to kMaxSendIov pieces per sendmsg):
 // headers and small payloads copied into one buffer, large read payloads
 // straight from the registered memory (sent before any later write changes
 // those bytes); large write payloads are received straight into it.
