@@ -246,9 +246,30 @@ Status Driver::copy(void* to, const void* from, size_t size, int device) const {
   return check(cuStreamSynchronize(stream), "cuStreamSynchronize after a copy");
 }
 
+Status Driver::copy_all(std::span<const CopyRange> copies, int device) const {
+  if (copies.empty()) return Status::Ok();
+  RDMABUF_ASSIGN_OR_RETURN(CUstream stream, thread_stream(device));
+  Status queued;
+  for (const CopyRange& c : copies) {
+    if (c.size == 0) continue;
+    queued = check(cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(c.to),
+                                 reinterpret_cast<CUdeviceptr>(c.from), c.size, stream),
+                   "cuMemcpyAsync of " + format_bytes(c.size));
+    if (!queued.ok()) break;
+  }
+  // Those queued finish before this returns, whatever happened to the rest.
+  Status done = check(cuStreamSynchronize(stream), "cuStreamSynchronize after copies");
+  return queued.ok() ? done : queued;
+}
+
 Status copy(void* to, const void* from, size_t size, int device) {
   RDMABUF_ASSIGN_OR_RETURN(const Driver* driver, Driver::get());
   return driver->copy(to, from, size, device);
+}
+
+Status copy_all(std::span<const CopyRange> copies, int device) {
+  RDMABUF_ASSIGN_OR_RETURN(const Driver* driver, Driver::get());
+  return driver->copy_all(copies, device);
 }
 
 Status copy_into(const LocalMemory& to, size_t offset, const void* from, size_t size) {

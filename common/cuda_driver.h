@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,13 @@ struct Allocation {
   uintptr_t base = 0;
   size_t size = 0;
   uint64_t id = 0;
+};
+
+// One copy of Driver::copy_all: `size` bytes from `from` to `to`.
+struct CopyRange {
+  void* to;
+  const void* from;
+  size_t size;
 };
 
 class Driver {
@@ -77,6 +85,9 @@ class Driver {
   // own, finished on return: no byte moves after it (a plain cuMemcpy
   // between GPU memories may return before).
   Status copy(void* to, const void* from, size_t size, int device) const;
+  // Many such copies, queued on that stream together and waited for once
+  // (all finished on return, also when one failed to queue).
+  Status copy_all(std::span<const CopyRange> copies, int device) const;
 
   // This thread's own non-blocking stream on GPU `device` (created on
   // first use, destroyed when the thread exits). Makes the device current.
@@ -94,9 +105,10 @@ class Driver {
   mutable std::vector<CUcontext> contexts_;  // by ordinal, retained on first use
 };
 
-// Driver::copy, through the driver loaded once per process (or why there
-// is none).
+// Driver::copy and copy_all, through the driver loaded once per process (or
+// why there is none).
 Status copy(void* to, const void* from, size_t size, int device);
+Status copy_all(std::span<const CopyRange> copies, int device);
 // Copies `size` bytes of host memory at `from` into `to` at `offset`,
 // through the driver when `to` is on a GPU.
 Status copy_into(const LocalMemory& to, size_t offset, const void* from, size_t size);

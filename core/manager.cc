@@ -544,7 +544,9 @@ std::shared_ptr<TransferState> ManagerImpl::start(std::vector<Op> ops,
   // timeout means no deadline, not an overflow.
   auto state = std::make_shared<TransferState>(std::move(ops), timeout, config_.busy_poll);
   for (size_t i = 0; notice && i < state->op_count(); ++i) {
-    if (state->op(i).kind == OpKind::kWriteFromLocal) state->set_notice(i, *notice);
+    // A notice names one range of bytes: a scattered write carries none.
+    const Op& op = state->op(i);
+    if (op.kind == OpKind::kWriteFromLocal && !op.ranges) state->set_notice(i, *notice);
   }
   if (on_done) {
     // Watch the deadline, and stop watching once finished. The watcher

@@ -24,19 +24,18 @@ std::chrono::milliseconds time_left(Deadline deadline) {
 
 // Copies bytes [piece_offset, + length) of `op`'s sequence between its
 // local GPU memory and `staged`, where they lie end to end: one copy per
-// extent (a plain op's piece is one).
+// extent (a plain op's piece is one), queued together and waited for once.
 Status copy_piece(const Op& op, uint64_t piece_offset, uint64_t length, std::byte* staged,
                   bool to_gpu) {
-  Status st;
+  std::vector<cuda::CopyRange> copies;
   uint64_t at = 0;
   for_each_extent(op, piece_offset, length, [&](const Extent& e) {
-    if (!st.ok()) return;
     std::byte* gpu = op.local.data() + e.local_offset;
-    st = to_gpu ? cuda::copy(gpu, staged + at, e.length, op.local.device())
-                : cuda::copy(staged + at, gpu, e.length, op.local.device());
+    copies.push_back(to_gpu ? cuda::CopyRange{gpu, staged + at, e.length}
+                            : cuda::CopyRange{staged + at, gpu, e.length});
     at += e.length;
   });
-  return st;
+  return cuda::copy_all(copies, op.local.device());
 }
 
 // The op that moves a piece between the remote buffer and `staged`: a slice

@@ -64,11 +64,11 @@ process it starts here (`rdmabuf serve`), or against the buffer behind
 the rate of --batch 64 B ops submitted at once (and of --batch 8 B
 fetch-and-adds on one word, over tcp and memory), one scattered op of
 --batch 4 KiB ranges beside the same bytes as separate ops and as one
-contiguous op, and bandwidth at each of --sizes; medians after warm-up. Reads from its own peer are checked byte
-for byte. With its own peer it also measures, in the same run and where
-installed: iperf3 beside tcp, memcpy and ucx_perftest beside memory,
-perftest beside ibverbs; and prints the ratio to each (above 1: rdmabuf
-is faster).
+contiguous op, and bandwidth at each of --sizes; medians after warm-up.
+Reads from its own peer are checked byte for byte. With its own peer it
+also measures, in the same run and where installed: iperf3 beside tcp,
+memcpy and ucx_perftest beside memory, perftest beside ibverbs; and
+prints the ratio to each (above 1: rdmabuf is faster).
 
 options:
   --backend NAME    the backend to measure (default: the best viable one)

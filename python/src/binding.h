@@ -106,6 +106,8 @@ class PyLocal {
   const LocalMemory& memory() const { return memory_; }
   // The bytes of its elements.
   size_t size() const { return bytes_; }
+  // Whether its elements lie end to end in memory(), in order.
+  bool contiguous() const { return runs_.empty(); }
   // Drops the export / reference (GIL held).
   void reset();
 

@@ -318,7 +318,7 @@ std::unique_ptr<PyTransfer> submit(py::object self, const py::list& specs,
       continue;
     }
     if (!spec[5].is_none()) {  // explicit ranges, in bytes of contiguous local memory
-      if (local.size() != local.memory().size()) {
+      if (!local.contiguous()) {
         raise_code(StatusCode::kInvalidArgument,
                    what + " is not contiguous: ranges= take offsets into contiguous memory");
       }

@@ -18,11 +18,19 @@ Result<StridedLayout> strided_layout(std::span<const int64_t> shape,
   }
   int64_t low = 0, high = static_cast<int64_t>(itemsize);
   for (size_t d = 0; d < dims.size(); ++d) {
-    const int64_t reach = (dims[d] - 1) * steps[d];
-    (reach < 0 ? low : high) += reach;
+    int64_t reach = 0;
+    // Strides made up by hand (as_strided) may reach past any memory.
+    if (__builtin_mul_overflow(dims[d] - 1, steps[d], &reach) ||
+        __builtin_add_overflow(reach < 0 ? low : high, reach, reach < 0 ? &low : &high)) {
+      return InvalidArgument(what + " has strides that reach past the address space");
+    }
+  }
+  int64_t span = 0;
+  if (__builtin_sub_overflow(high, low, &span)) {
+    return InvalidArgument(what + " has strides that reach past the address space");
   }
   layout.low = low;
-  layout.span = static_cast<uint64_t>(high - low);
+  layout.span = static_cast<uint64_t>(span);
   // The innermost dimensions that lie end to end form one run; the outer
   // ones repeat it.
   uint64_t run = itemsize;
@@ -32,10 +40,11 @@ Result<StridedLayout> strided_layout(std::span<const int64_t> shape,
     steps.pop_back();
   }
   uint64_t count = 1;
+  bool too_many = false;
   for (int64_t n : dims)
-    count *= static_cast<uint64_t>(n);
-  if (count > Op::kMaxRanges) {
-    return InvalidArgument(what + " lies in " + std::to_string(count) +
+    too_many |= __builtin_mul_overflow(count, static_cast<uint64_t>(n), &count);
+  if (too_many || count > Op::kMaxRanges) {
+    return InvalidArgument(what + " lies in " + (too_many ? "more" : std::to_string(count)) +
                            " separate pieces of memory, more than one op takes (" +
                            std::to_string(Op::kMaxRanges) + "); .contiguous() or .copy() first");
   }

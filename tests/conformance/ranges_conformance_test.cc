@@ -84,7 +84,7 @@ TEST_P(RangesTest, ScatteredReadsLandWhereTheirRangesSay) {
       {"one range", 1, {1000}},
       {"odd sizes", 37, {1, 7, 8, 9, 63, 4096, 4097, 100000}},
       {"pages", 256, {4096}},
-      {"more ranges than one request carries", 5000, {3, 16, 40}},
+      {"more ranges than one request carries", 5000, {1, 2, 3}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -119,7 +119,7 @@ TEST_P(RangesTest, ScatteredWritesLandWhereTheirRangesSay) {
       {"one range", 1, {1000}},
       {"odd sizes", 37, {1, 7, 8, 9, 63, 4096, 4097, 100000}},
       {"pages", 256, {4096}},
-      {"more ranges than one request carries", 5000, {3, 16, 40}},
+      {"more ranges than one request carries", 5000, {1, 2, 3}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

@@ -157,9 +157,12 @@ def test_bad_ranges_are_refused_before_anything_moves() -> None:
     # A broadcast view's elements share memory: reading into it is refused.
     with pytest.raises(rdmabuf.InvalidArgumentError, match="overlap in local memory"):
         buf.slice(0, 8).read_into(torch.zeros(1, dtype=torch.uint8).expand(8)).get()
-    # Explicit ranges take contiguous local memory.
-    with pytest.raises(rdmabuf.InvalidArgumentError, match="not contiguous"):
-        RDMAAction().read_remote(np.zeros((8, 8), np.uint8)[::2], buf, ranges=[(0, 0, 8)]).submit()
+    # Explicit ranges take contiguous local memory: not a strided view,
+    # even one that covers its memory exactly (reversed, transposed).
+    for view in (np.zeros((8, 8), np.uint8)[::2], np.zeros(64, np.uint8)[::-1],
+                 torch.zeros(8, 8, dtype=torch.uint8).t()):
+        with pytest.raises(rdmabuf.InvalidArgumentError, match="not contiguous"):
+            RDMAAction().read_remote(view, buf, ranges=[(0, 0, 8)]).submit()
     assert bytes(dst) == bytes(1024)
     buf.drop()
 
