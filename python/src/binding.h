@@ -116,6 +116,9 @@ class PyLocal {
   static bool acquire_cuda_array(py::handle obj, bool writable, const char* what, PyLocal& local);
   static bool acquire_dlpack(py::handle obj, bool writable, const char* what, PyLocal& local);
   static PyLocal acquire_strided_tensor(py::handle obj, bool cuda, const char* what);
+  // Refuses the buffer view taken (read-only when `writable`, or of Python
+  // objects), letting it go first.
+  void check_view(py::handle obj, bool writable, const char* what);
   // Takes an array at `first` of this shape, strides (bytes) and itemsize.
   void take_layout(void* first, std::span<const int64_t> shape, std::span<const int64_t> strides,
                    uint64_t itemsize, const char* what);

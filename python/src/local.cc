@@ -127,6 +127,20 @@ Op PyLocal::op(OpKind kind, const RemoteBuffer& remote) const {
                                         : Op::write_ranges(remote, memory_, std::move(ranges));
 }
 
+void PyLocal::check_view(py::handle obj, bool writable, const char* what) {
+  std::string why;
+  if (writable && view_.readonly) {
+    why = std::string(what) + " is read-only (" + type_name(obj) +
+          "); rdmabuf writes into it, so it must be writable";
+  } else if (format_has_objects(view_.format)) {
+    why =
+        std::string(what) + " holds Python objects (format '" + view_.format + "'), not plain data";
+  }
+  if (why.empty()) return;
+  reset();
+  raise_code(StatusCode::kInvalidArgument, why);
+}
+
 PyLocal PyLocal::acquire(py::handle obj, bool writable, const char* what, bool strided) {
   PyLocal local;
   PyObject* o = obj.ptr();
@@ -134,18 +148,7 @@ PyLocal PyLocal::acquire(py::handle obj, bool writable, const char* what, bool s
     if (PyObject_GetBuffer(o, &local.view_, PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
     local.has_view_ = true;
     const Py_buffer& v = local.view_;
-    if (writable && v.readonly) {
-      const std::string msg = std::string(what) + " is read-only (" + type_name(obj) +
-                              "); rdmabuf writes into it, so it must be writable";
-      local.reset();
-      raise_code(StatusCode::kInvalidArgument, msg);
-    }
-    if (format_has_objects(v.format)) {
-      const std::string msg =
-          std::string(what) + " holds Python objects (format '" + v.format + "'), not plain data";
-      local.reset();
-      raise_code(StatusCode::kInvalidArgument, msg);
-    }
+    local.check_view(obj, writable, what);
     if (PyBuffer_IsContiguous(&v, 'C')) {
       local.memory_ = LocalMemory(v.buf, static_cast<size_t>(v.len));
       local.bytes_ = local.memory_.size();
@@ -172,18 +175,7 @@ PyLocal PyLocal::acquire(py::handle obj, bool writable, const char* what, bool s
       local.reset();
       raise_code(StatusCode::kInvalidArgument, msg);
     }
-    if (writable && v.readonly) {
-      const std::string msg = std::string(what) + " is read-only (" + type_name(obj) +
-                              "); rdmabuf writes into it, so it must be writable";
-      local.reset();
-      raise_code(StatusCode::kInvalidArgument, msg);
-    }
-    if (format_has_objects(v.format)) {
-      const std::string msg =
-          std::string(what) + " holds Python objects (format '" + v.format + "'), not plain data";
-      local.reset();
-      raise_code(StatusCode::kInvalidArgument, msg);
-    }
+    local.check_view(obj, writable, what);
     local.memory_ = LocalMemory(v.buf, static_cast<size_t>(v.len));
     local.bytes_ = local.memory_.size();
     return local;

@@ -65,6 +65,20 @@ std::vector<std::byte> apply_model(std::vector<std::byte> dst, std::span<const s
   return dst;
 }
 
+// The layouts both directions are tried with.
+struct LayoutCase {
+  const char* what;
+  size_t count;
+  std::initializer_list<uint64_t> lengths;
+};
+const LayoutCase kLayoutCases[] = {
+    {"one range", 1, {1000}},
+    {"odd sizes", 37, {1, 7, 8, 9, 63, 4096, 4097, 100000}},
+    {"pages", 256, {4096}},
+    // About 10 KB in 5000 ranges: one chunk, cut into requests at 4096.
+    {"more ranges than one request carries", 5000, {1, 2, 3}},
+};
+
 class RangesTest : public ConformanceTest {};
 
 TEST_P(RangesTest, ScatteredReadsLandWhereTheirRangesSay) {
@@ -75,18 +89,7 @@ TEST_P(RangesTest, ScatteredReadsLandWhereTheirRangesSay) {
     c.tcp_streams = 3;
   });
   ASSERT_NE(reader, nullptr);
-  struct Case {
-    const char* what;
-    size_t count;
-    std::initializer_list<uint64_t> lengths;
-  };
-  const Case cases[] = {
-      {"one range", 1, {1000}},
-      {"odd sizes", 37, {1, 7, 8, 9, 63, 4096, 4097, 100000}},
-      {"pages", 256, {4096}},
-      {"more ranges than one request carries", 5000, {1, 2, 3}},
-  };
-  for (const Case& c : cases) {
+  for (const LayoutCase& c : kLayoutCases) {
     SCOPED_TRACE(c.what);
     Layout l = scattered_layout(c.count, c.lengths, static_cast<uint32_t>(c.count));
     Owned o = own(l.remote_span + 11, 31);
@@ -110,18 +113,7 @@ TEST_P(RangesTest, ScatteredWritesLandWhereTheirRangesSay) {
     c.tcp_streams = 3;
   });
   ASSERT_NE(reader, nullptr);
-  struct Case {
-    const char* what;
-    size_t count;
-    std::initializer_list<uint64_t> lengths;
-  };
-  const Case cases[] = {
-      {"one range", 1, {1000}},
-      {"odd sizes", 37, {1, 7, 8, 9, 63, 4096, 4097, 100000}},
-      {"pages", 256, {4096}},
-      {"more ranges than one request carries", 5000, {1, 2, 3}},
-  };
-  for (const Case& c : cases) {
+  for (const LayoutCase& c : kLayoutCases) {
     SCOPED_TRACE(c.what);
     Layout l = scattered_layout(c.count, c.lengths, static_cast<uint32_t>(c.count) + 1);
     Owned o = own(l.remote_span + 11, 41);
