@@ -253,7 +253,8 @@ std::string text(const std::map<std::string, std::string>& row, const std::strin
 void add_bench_line(const std::map<std::string, std::string>& row, const std::string& system,
                     const std::string& perftest_system, std::vector<Figure>& figures) {
   const std::string kind = text(row, "kind");
-  if (text(row, "system") != "rdmabuf" || kind == "single") return;
+  // Scattered rows compare rdmabuf with itself: no peer's column here.
+  if (text(row, "system") != "rdmabuf" || kind == "single" || kind == "scattered") return;
   // The peers reuse one buffer: rdmabuf's figure beside theirs is the one
   // of the same shape; the spread one is shown apart.
   Figure f = Figure::of(
