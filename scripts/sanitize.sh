@@ -12,12 +12,12 @@
 #
 # Left out here, run in the normal build (set RDMABUF_SANITIZE_ALL=1 to run
 # them all):
-# - the conformance suite's GPU cases with GPU memory on one side only: here
-#   they run with GPU memory on both sides (`*_gpu_both`: staging on the
+# - the conformance suites' GPU cases (ConformanceTest, RangesTest) with
+#   GPU memory on one side only: here they run with GPU memory on both sides (`*_gpu_both`: staging on the
 #   reader's side, the owner's staging ring, CUDA IPC). One-sided ones add
 #   2.5 minutes under TSan and 1 under ASan and take no code path of their
 #   own that gpu_both and the host cases do not.
-# - the conformance suite over same-host memory that is not in a shared file
+# - the conformance suites over same-host memory that is not in a shared file
 #   (`memory_private_host`): that kernel copy path runs here in the release
 #   race and stopped-writer tests, and in every test that registers memory
 #   it did not allocate.
@@ -43,7 +43,7 @@ for kind in "${kinds[@]}"; do
     *) echo "sanitize.sh: unknown sanitizer '$kind' (address or thread)" >&2; exit 2 ;;
   esac
   echo "sanitize.sh: the test suite under RDMABUF_SANITIZE=$kind in $dir"
-  left_out=(-E '^(Gpu/ConformanceTest\.[A-Za-z]+/[a-z]+_gpu_(local|remote)|Backends/ConformanceTest\.[A-Za-z]+/memory_private_host|bench_compare_short)( |$)')
+  left_out=(-E '^(Gpu/(Conformance|Ranges)Test\.[A-Za-z]+/[a-z]+_gpu_(local|remote)|Backends/(Conformance|Ranges)Test\.[A-Za-z]+/memory_private_host|bench_compare_short)( |$)')
   [ "${RDMABUF_SANITIZE_ALL:-0}" = 1 ] && left_out=()
   # shellcheck disable=SC2086  # word splitting of extra arguments is intended
   RDMABUF_BUILD_DIR=$dir RDMABUF_CMAKE_ARGS="-DRDMABUF_SANITIZE=$kind -DRDMABUF_BUILD_PYTHON=OFF" \
