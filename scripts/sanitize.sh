@@ -13,10 +13,11 @@
 # Left out here, run in the normal build (set RDMABUF_SANITIZE_ALL=1 to run
 # them all):
 # - the conformance suites' GPU cases (ConformanceTest, RangesTest) with
-#   GPU memory on one side only: here they run with GPU memory on both sides (`*_gpu_both`: staging on the
-#   reader's side, the owner's staging ring, CUDA IPC). One-sided ones add
-#   2.5 minutes under TSan and 1 under ASan and take no code path of their
-#   own that gpu_both and the host cases do not.
+#   GPU memory on one side only: here they run with GPU memory on both
+#   sides (`*_gpu_both`: staging on the reader's side, the owner's staging
+#   ring, CUDA IPC). One-sided ones add 2.5 minutes under TSan and 1 under
+#   ASan and take no code path of their own that gpu_both and the host
+#   cases do not.
 # - the conformance suites over same-host memory that is not in a shared file
 #   (`memory_private_host`): that kernel copy path runs here in the release
 #   race and stopped-writer tests, and in every test that registers memory
