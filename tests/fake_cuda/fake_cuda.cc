@@ -115,7 +115,12 @@ State& state() {
   return *s;
 }
 
-thread_local int current_device = -1;  // the context made current; -1: none
+// The context made current; -1: none. In static TLS (initial-exec): this
+// library is loaded with dlopen, and ThreadSanitizer's handling of a
+// dynamic TLS block allocated on first use in a thread that predates the
+// dlopen (__tls_get_addr) sometimes maps shadow for a bogus, huge range and
+// dies ("failed to allocate ... bytes"), an I/O thread at a time.
+__attribute__((tls_model("initial-exec"))) thread_local int current_device = -1;
 
 CUresult fail(CUresult code, const char* call, const std::string& why) {
   std::fprintf(stderr, "fake_cuda: %s: %s\n", call, why.c_str());
