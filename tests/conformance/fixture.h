@@ -10,8 +10,17 @@
 // again with GPU memory on either side and both (Gpu/...: the test CUDA
 // driver, tests/helpers/gpu.h).
 //
+// Across hosts: with RDMABUF_TEST_OWNER_NETNS naming a network namespace
+// (another host's, made by scripts/netns_hosts.py), the owner's manager is
+// made there (make_owner()), so that every byte between it and the reader
+// crosses the link between two hosts' network stacks.
+//
 // Adding a backend to the suite is one line: its name in backend_names().
 #pragma once
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -22,6 +31,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rdmabuf/rdmabuf.h"
@@ -154,13 +164,38 @@ class ConformanceTest : public ::testing::TestWithParam<Setup> {
     return m.ok() ? std::move(m).value() : nullptr;
   }
 
+  // The owner's manager: as make(), or, under RDMABUF_TEST_OWNER_NETNS,
+  // made by a thread that joined that network namespace, listening on
+  // every interface there. Its listener and I/O threads (which inherit the
+  // namespace) and their sockets live in it; handles name its address.
+  std::unique_ptr<Manager> make_owner() {
+    const char* netns = std::getenv("RDMABUF_TEST_OWNER_NETNS");
+    if (!netns || !*netns) return make();
+    std::unique_ptr<Manager> made;
+    std::thread elsewhere([&] {
+      const int fd = ::open(netns, O_RDONLY | O_CLOEXEC);
+      const bool joined = fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0;
+      if (fd >= 0) ::close(fd);
+      if (!joined) {
+        ADD_FAILURE() << "cannot join the network namespace " << netns << " (root needed)";
+        return;
+      }
+      made = make([](Config& c) { c.listen_address = "0.0.0.0:0"; });
+    });
+    elsewhere.join();
+    if (made && made->address().rfind("127.", 0) == 0) {
+      ADD_FAILURE() << "the owner in " << netns << " has no address but loopback";
+    }
+    return made;
+  }
+
   void SetUp() override {
     testing::private_host_memory() = GetParam().private_host;
     if (gpu_setup()) {
       Status gpu = testing::use_test_gpu();
       ASSERT_TRUE(gpu.ok()) << "no GPU memory for this setup: " << gpu.to_string();
     }
-    owner_ = make();
+    owner_ = make_owner();
     ASSERT_NE(owner_, nullptr);
     bool listed = false;
     for (const BackendInfo& info : owner_->backends()) {
