@@ -90,6 +90,9 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   struct Route {
     size_t slot = 0;
     std::string note;  // why not the best transport the owner offers
+    // Only same-host transports were passed over, for an owner on another
+    // host: the note is expected there, and logged at info, not as a warning.
+    bool routine = false;
   };
 
   explicit ManagerImpl(const Config& config) : config_(config) {}
@@ -107,7 +110,7 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   // Hands each slot's ops (indices into `transfer`) to its backend.
   void dispatch(const std::shared_ptr<TransferState>& transfer,
                 const std::vector<std::vector<uint32_t>>& per_slot);
-  void log_note_once(const RemoteBuffer& remote, std::string_view backend, const std::string& note);
+  void log_note_once(const RemoteBuffer& remote, std::string_view backend, const Route& route);
 
   Config config_;
   PeerIdentity identity_;
@@ -510,7 +513,12 @@ Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op, size_t first_
                                 "(allow_tcp_fallback / RDMABUF_ALLOW_TCP_FALLBACK=0)" +
                                 (note.empty() ? "" : " [" + note + "]"));
     }
-    return Route{s, note};
+    bool routine = refused.ok() && remote.owner().host_id != identity_.host_id;
+    for (size_t passed = first_slot; routine && passed < s; ++passed) {
+      routine = !remote.context(slots_[passed].factory->name) ||
+                slots_[passed].factory->level == TransportLevel::kMemory;
+    }
+    return Route{s, note, routine};
   }
   if (!owner_refusal.ok()) {
     // E.g. a queue pair to an owner that restarted: NotFound, as over a
@@ -526,14 +534,20 @@ Result<ManagerImpl::Route> ManagerImpl::choose_route(const Op& op, size_t first_
 }
 
 void ManagerImpl::log_note_once(const RemoteBuffer& remote, std::string_view backend,
-                                const std::string& note) {
-  std::string key = hex_id(remote.owner().manager_id) + "|" + note;
+                                const Route& route) {
+  std::string key = hex_id(remote.owner().manager_id) + "|" + route.note;
   {
     std::lock_guard lock(notes_mu_);
     if (!logged_notes_.insert(key).second) return;
   }
-  RDMABUF_LOG_WARN("transfers to " + remote.owner().to_string() + " use " + std::string(backend) +
-                   ", not a better transport the owner offers: " + note);
+  const std::string text = "transfers to " + remote.owner().to_string() + " use " +
+                           std::string(backend) +
+                           ", not a better transport the owner offers: " + route.note;
+  if (route.routine) {
+    RDMABUF_LOG_INFO(text);
+  } else {
+    RDMABUF_LOG_WARN(text);
+  }
 }
 
 std::shared_ptr<TransferState> ManagerImpl::start(std::vector<Op> ops,
@@ -601,7 +615,7 @@ std::shared_ptr<TransferState> ManagerImpl::start(std::vector<Op> ops,
       routed_atomic = op.is_atomic();
       // Atomics take the owner's manager by design: no warning for that.
       if (!route.note.empty() && !op.is_atomic())
-        log_note_once(op.remote, slots_[route.slot].factory->name, route.note);
+        log_note_once(op.remote, slots_[route.slot].factory->name, route);
     }
     assign(state, static_cast<uint32_t>(i), route.slot, route.note, per_slot);
   }
@@ -662,7 +676,7 @@ void ManagerImpl::reroute(const std::shared_ptr<TransferState>& transfer,
       continue;
     }
     // Atomics take the transport that can apply them by design: no warning.
-    if (!op.is_atomic()) log_note_once(op.remote, slots_[chosen->slot].factory->name, chosen->note);
+    if (!op.is_atomic()) log_note_once(op.remote, slots_[chosen->slot].factory->name, *chosen);
     transfer->expect_parts(i, 1);  // the new backend may cut it differently
     assign(transfer, i, chosen->slot, chosen->note, per_slot);
   }
