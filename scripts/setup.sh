@@ -21,12 +21,15 @@ build_dir=${RDMABUF_BUILD_DIR:-build}
 # package (python/) and its tests: pybind11-dev python3-dev python3-numpy
 # python3-torch python3-pytest, for Debian's /usr/bin/python3; `pip install .`
 # into a venv without build isolation (the pip_install test): python3-venv
-# python3-pip python3-setuptools python3-wheel.
+# python3-pip python3-setuptools python3-wheel; jobs across hosts (tests/hosts,
+# the MPI example): iproute2 (namespaces' links), openmpi-bin libopenmpi-dev
+# python3-mpi4py.
 packages=(cmake ninja-build g++ make pkg-config googletest libgtest-dev clang-format iperf3 qperf
   ucx-utils
   libibverbs-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
-  python3-venv python3-pip python3-setuptools python3-wheel)
+  python3-venv python3-pip python3-setuptools python3-wheel
+  iproute2 openmpi-bin libopenmpi-dev python3-mpi4py)
 
 scripts/install-packages.sh "${packages[@]}"
 

@@ -94,6 +94,12 @@ def default_manager() -> _rdmabuf.Manager:
     return _create()
 
 
+def manager_in_use() -> bool:
+    """Whether this process's manager exists (configure() is too late)."""
+    state = _state
+    return state.manager is not None and state.pid == os.getpid()
+
+
 def _create() -> _rdmabuf.Manager:
     if _state.pid != os.getpid():  # forked without the at-fork hook running
         _reset_after_fork()

@@ -1,0 +1,174 @@
+"""rdmabuf across hosts: each test makes hosts of its own on this machine
+(scripts/netns_hosts.py: network, PID, UTS and mount namespaces, joined by
+a virtual link) and runs real jobs across them: torchrun with c10d
+rendezvous, mpirun, a host that dies mid-transfer. Run by the CTest test
+`hosts` (as root):
+
+    PYTHONPATH=build/python RDMABUF_TEST_BUILD_DIR=build \\
+        /usr/bin/python3 -m pytest -q tests/hosts
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = Path(__file__).parent / "jobs"
+sys.path.insert(0, str(REPO / "scripts"))
+
+from netns_hosts import Hosts  # noqa: E402
+
+BUILD = Path(os.environ.get("RDMABUF_TEST_BUILD_DIR", REPO / "build"))
+TOOL = os.environ.get("RDMABUF_TOOL", str(BUILD / "tools" / "rdmabuf"))
+PYTHON = "/usr/bin/python3"
+
+
+def _can_make_namespaces() -> bool:
+    return subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
+
+
+if not _can_make_namespaces():
+    why = "cannot make network namespaces here (needs root or CAP_SYS_ADMIN)"
+    if os.environ.get("RDMABUF_TEST_STRICT") == "1":
+        raise RuntimeError(f"RDMABUF_TEST_STRICT=1 and {why}")
+    pytest.skip(why, allow_module_level=True)
+
+
+@pytest.fixture
+def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
+    count = getattr(request, "param", 2)
+    with Hosts(count) as made:
+        yield made
+
+
+def _wait_all(procs: List[subprocess.Popen], timeout: float) -> List[str]:
+    """Each process's output, after all exited (killed at the timeout)."""
+    deadline = time.monotonic() + timeout
+    outputs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed at the timeout)"
+        outputs.append(out)
+    return outputs
+
+
+def _ok_lines(output: str) -> List[str]:
+    return re.findall(r"^rank \d+ on \S+ ok \S+$", output, re.M)
+
+
+def test_torchrun_job_on_two_hosts(hosts: Hosts) -> None:
+    """torchrun --nnodes=2 (c10d rendezvous on h0), two ranks per host:
+    broadcast, all_to_all, gather and one-sided reads, bytes checked;
+    same-host peers by memory, the others by tcp."""
+    torchrun = [PYTHON, str(Path(__file__).parent / "torchrun.py"), "--nnodes=2",
+                "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_endpoint=h0:29400",
+                "--rdzv_id=rdmabuf-test", "--max_restarts=0", str(JOBS / "torch_job.py")]  # fmt: skip
+    procs = [
+        host.popen(torchrun, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for host in hosts
+    ]
+    outputs = _wait_all(procs, 240)
+    for host, p, out in zip(hosts, procs, outputs):
+        assert p.returncode == 0, f"torchrun on {host.name} failed:\n{out}"
+    lines = _ok_lines("\n".join(outputs))
+    assert len(lines) == 4, "\n".join(outputs)
+    for line in lines:  # two ranks on this host, two on the other
+        backends = line.split()[-1].split(",")
+        assert sorted(backends) == ["memory", "memory", "tcp", "tcp"], line
+
+
+def test_mpirun_job_on_two_hosts(hosts: Hosts) -> None:
+    """mpirun on h0 starting two ranks on each host (its launch agent
+    enters the other host as ssh would): rdmabuf.distributed over mpi4py."""
+    mpirun = [
+        "mpirun", "--mca", "plm_rsh_agent", f"{REPO / 'scripts' / 'netns_hosts.py'} ssh",
+        "--host", "h0:2,h1:2", "-np", "4", "-x", "PYTHONPATH", PYTHON, str(JOBS / "mpi_job.py"),
+    ]  # fmt: skip
+    env = {**os.environ, **hosts.environment(), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}  # fmt: skip
+    proc = hosts[0].popen(mpirun, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)  # fmt: skip
+    (out,) = _wait_all([proc], 180)
+    assert proc.returncode == 0, out
+    lines = _ok_lines(out)
+    assert len(lines) == 4, out
+    for line in lines:
+        assert sorted(line.split()[-1].split(",")) == ["memory", "memory", "tcp", "tcp"], line
+
+
+def _serve(host, size: int) -> subprocess.Popen:
+    """`rdmabuf serve` on `host`, listening on its address; its handle is
+    the first line of its stdout."""
+    env = {**os.environ, "RDMABUF_LISTEN": "0.0.0.0:0"}
+    return host.popen([TOOL, "serve", "--size", str(size)], env=env,
+                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("hosts", [3], indirect=True)
+def test_a_host_removed_mid_transfer_fails_its_ops_alone(hosts: Hosts) -> None:
+    """h0 reads 64 MiB from h1 and h2 over and over; h1 dies (unplugged,
+    then its processes killed: no reset reaches h0). h0's read from h1
+    fails with Unavailable well within its 20 s timeout (the stream's stall
+    timeout, 2 s here), nothing hangs, and the reads from h2 go on."""
+    size = 64 << 20
+    owners = [_serve(hosts[1], size), _serve(hosts[2], size)]
+    try:
+        handles = [p.stdout.readline().strip() for p in owners]
+        assert all(handles), "rdmabuf serve printed no handle"
+        env = {**os.environ, "RDMABUF_IO_STALL_TIMEOUT_MS": "2000"}
+        reader = hosts[0].popen(
+            [PYTHON, str(JOBS / "reader_job.py"), str(size), "5", f"h1={handles[0]}",
+             f"h2={handles[1]}"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        seen: List[str] = []
+        while sum(line == "h1 ok" for line in seen) < 3:  # both owners are being read
+            line = reader.stdout.readline()
+            assert line, "the reader ended early:\n" + "".join(seen)
+            seen.append(line.strip())
+        removed_at = time.monotonic()
+        hosts[1].remove()
+        (rest,) = _wait_all([reader], 60)
+        took = time.monotonic() - removed_at
+        lines = seen + rest.splitlines()
+        assert reader.returncode == 0, "\n".join(lines)
+        failures = [line for line in lines if line.startswith("h1 failed")]
+        assert len(failures) == 1, "\n".join(lines)
+        words = failures[0].split()
+        assert words[2] == "UnavailableError", failures[0]
+        assert float(words[3]) < 15, f"the failure took {words[3]} s: {failures[0]}"
+        after = lines[lines.index(failures[0]) + 1 :]
+        assert after.count("h2 ok") >= 5 and not any("h2 failed" in x for x in lines), lines
+        assert took < 30, f"the reader took {took:.0f} s to finish"
+    finally:
+        for p in owners:
+            p.kill()
+            p.wait()
+
+
+def test_the_op_says_why_not_the_memory_transport(hosts: Hosts) -> None:
+    """A reader on another host: the owner offers same-host memory, the op
+    takes tcp, and its note says why."""
+    owner = _serve(hosts[1], 1 << 20)
+    try:
+        handle = owner.stdout.readline().strip()
+        done = hosts[0].run([str(BUILD / "tests" / "rdmabuf_test_reader"), handle, str(1 << 20)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert "status OK" in done.stdout, done.stdout + done.stderr
+        assert "backend tcp" in done.stdout, done.stdout
+        assert re.search(r"^note memory: the peer is in another PID namespace", done.stdout, re.M)
+    finally:
+        owner.kill()
+        owner.wait()
