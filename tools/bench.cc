@@ -57,6 +57,7 @@ constexpr const char* kHelp = R"(usage: rdmabuf bench [--backend NAME] [--sizes 
        rdmabuf bench --op send|notify ...  (rdmabuf bench --op send --help)
        rdmabuf bench --compare ...         (rdmabuf bench --compare --help)
        rdmabuf bench --gpu ...             (rdmabuf bench --gpu --help)
+       rdmabuf bench --pattern ...         (rdmabuf bench --pattern all --help)
 
 Measures one-sided reads and writes over one backend against a peer
 process it starts here (`rdmabuf serve`), or against the buffer behind
@@ -101,6 +102,8 @@ options:
   --op send|notify  measure endpoint messages or tagged writes instead
   --compare         measure every backend beside its peers instead
   --gpu             measure GPU memory beside torch and host memory instead
+  --pattern P       measure p2p, fan-in, fan-out, all-to-all or ring across
+                    ranks and hosts beside torch.distributed's gloo instead
   -h, --help        this text
 
 Sizes take K/M/G suffixes (binary).
@@ -497,6 +500,7 @@ int cmd_bench(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     if (std::strcmp(argv[i], "--compare") == 0) return cmd_bench_compare(argc, argv);
     if (std::strcmp(argv[i], "--gpu") == 0) return cmd_bench_gpu(argc, argv);
+    if (std::strcmp(argv[i], "--pattern") == 0) return cmd_bench_patterns(argc, argv);
     if (std::strcmp(argv[i], "--op") == 0) {
       // `--op --help` and `--op bogus --help` too: the help of --op.
       if (wants_help(argc, argv) || (i + 1 < argc && (std::strcmp(argv[i + 1], "send") == 0 ||

@@ -15,6 +15,9 @@ int cmd_bench_compare(int argc, char** argv);
 // notify`: tagged writes and their notifications beside UCX's ucp_put_lat
 // (over ibverbs, also perftest's ib_write_lat).
 int cmd_bench_send(int argc, char** argv);
+// `rdmabuf bench --pattern`: collective patterns across ranks and hosts
+// beside torch.distributed's gloo (the Python module rdmabuf.bench_patterns).
+int cmd_bench_patterns(int argc, char** argv);
 // bench --gpu (bench_gpu.cc)
 int cmd_bench_gpu(int argc, char** argv);
 int cmd_soak(int argc, char** argv);

@@ -27,6 +27,8 @@ commands:
                      and perftest; writes a table, JSON and a plot
   bench --gpu        GPU memory on one host beside torch's copy, and over
                      tcp beside host memory
+  bench --pattern P  collective patterns across ranks and hosts beside
+                     torch.distributed (gloo)
   soak               a long, verified load from several client processes;
                      fails on errors, hangs or owner memory and fds that grow
   version            the version (also --version)

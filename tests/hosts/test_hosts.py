@@ -10,10 +10,10 @@ rendezvous, mpirun, a host that dies mid-transfer. Run by the CTest test
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Iterator, List
@@ -22,9 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = Path(__file__).parent / "jobs"
-sys.path.insert(0, str(REPO / "scripts"))
-
-from netns_hosts import Hosts  # noqa: E402
+from rdmabuf.netns_hosts import Hosts
 
 BUILD = Path(os.environ.get("RDMABUF_TEST_BUILD_DIR", REPO / "build"))
 TOOL = os.environ.get("RDMABUF_TOOL", str(BUILD / "tools" / "rdmabuf"))
@@ -172,3 +170,23 @@ def test_the_op_says_why_not_the_memory_transport(hosts: Hosts) -> None:
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_bench_pattern_runs_every_pattern_across_two_hosts(tmp_path: Path) -> None:
+    """`rdmabuf bench --pattern all` (short): four ranks on two hosts of
+    its own, every pattern beside gloo, every byte checked (a wrong byte
+    fails the run), the figures in its JSON."""
+    report = tmp_path / "patterns.json"
+    done = subprocess.run(
+        [TOOL, "bench", "--pattern", "all", "--sizes", "64K", "--iters", "2", "--procs", "4",
+         "--hosts", "2", "--json", str(report)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 ranks on 2 host(s)" in done.stdout, done.stdout
+    results = json.loads(report.read_text())["results"]
+    assert [r["pattern"] for r in results] == ["p2p", "fan-in", "fan-out", "all-to-all", "ring"]
+    for r in results:
+        assert r["hosts"] == 2 and r["size"] == 64 << 10, r
+        assert r["rdmabuf"]["warm_gbps"] > 0 and r["gloo"]["warm_gbps"] > 0, r
+        assert "tcp" in r["transports"], r
