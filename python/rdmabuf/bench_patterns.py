@@ -17,9 +17,10 @@ Patterns, each transfer SIZE bytes (rank r of n):
 rdmabuf moves each transfer as a one-sided read by the receiver (a Window
 over the senders' memory, rdmabuf.distributed); gloo as an isend / irecv
 pair. Each timed iteration is the same for both: a barrier, every
-transfer started and waited for, a barrier; the figure is the bytes of all
-transfers over the median iteration time (GB/s, 1e9 bytes). Iterations of
-the two alternate. Cold is the first iteration of a pattern and size,
+transfer started (WINDOW // SIZE times over, into distinct memory, so
+that a small size is not a measure of two barriers) and waited for, a
+barrier; the figure is the bytes of all transfers over the median
+iteration time (GB/s, 1e9 bytes). Iterations of the two alternate. Cold is the first iteration of a pattern and size,
 timed the same way: for rdmabuf it includes registering the memory and
 sharing the handles (gloo's connections were made by
 init_process_group). Every received byte is checked after every iteration
@@ -115,8 +116,9 @@ class Rank:
         torch = self.torch
         return ((torch.arange(size, dtype=torch.int64) * 7 + sender * 31) % 251).to(torch.uint8)
 
-    def run(self, pattern: str, size: int, iters: int) -> Optional[Dict[str, Any]]:
-        """One pattern at one size; the figures on rank 0."""
+    def run(self, pattern: str, size: int, iters: int, reps: int) -> Optional[Dict[str, Any]]:
+        """One pattern at one size, each transfer `reps` times an iteration;
+        the figures on rank 0."""
         import rdmabuf
         from rdmabuf.distributed import Window
 
@@ -126,7 +128,7 @@ class Rank:
         receivers = sorted({d for s, d in plan if s == self.rank})
         mine = self.payload(self.rank, size)
         expected = {s: self.payload(s, size) for s in senders}
-        landed = {s: torch.zeros(size, dtype=torch.uint8) for s in senders}
+        landed = {(s, k): torch.zeros(size, dtype=torch.uint8) for s in senders for k in range(reps)}
 
         window: List[Any] = []  # made by the first rdmabuf iteration (cold)
         action: List[Any] = []
@@ -135,15 +137,15 @@ class Rank:
             if not window:
                 window.append(Window(mine))
                 batch = rdmabuf.RDMAAction()
-                for s in senders:
-                    batch.read_remote(landed[s], window[0][s])
+                for (s, _), into in landed.items():
+                    batch.read_remote(into, window[0][s])
                 action.append(batch)
             if len(action[0]):
                 action[0].submit().get()
 
         def gloo_iteration() -> None:
-            works = [dist.isend(mine, d) for d in receivers]
-            works += [dist.irecv(landed[s], s) for s in senders]
+            works = [dist.isend(mine, d) for d in receivers for _ in range(reps)]
+            works += [dist.irecv(into, s) for (s, _), into in landed.items()]
             for w in works:
                 w.wait()
 
@@ -155,12 +157,12 @@ class Rank:
             step()
             dist.barrier()
             took = time.perf_counter() - t0
-            for s in senders:  # every byte, every time
-                if not torch.equal(landed[s], expected[s]):
-                    bad = int((landed[s] != expected[s]).nonzero()[0])
+            for (s, _), got in landed.items():  # every byte, every time
+                if not torch.equal(got, expected[s]):
+                    bad = int((got != expected[s]).nonzero()[0])
                     raise RuntimeError(
                         f"rank {self.rank}: {pattern} {human(size)} from rank {s}: byte {bad} is "
-                        f"{int(landed[s][bad])}, not {int(expected[s][bad])}"
+                        f"{int(got[bad])}, not {int(expected[s][bad])}"
                     )
             # Rank 0 reports the slowest rank's time.
             slowest = [0.0] * self.size
@@ -180,10 +182,10 @@ class Rank:
         window[0].close()
         if self.rank != 0:
             return None
-        moved = len(plan) * size
+        moved = len(plan) * size * reps
         result: Dict[str, Any] = {"pattern": pattern, "size": size, "ranks": self.size,
                                   "hosts": len(set(self.hosts)), "transfers": len(plan),
-                                  "iterations": iters}  # fmt: skip
+                                  "repeats": reps, "iterations": iters}  # fmt: skip
         for system in ("rdmabuf", "gloo"):
             median = statistics.median(warm[system])
             result[system] = {"cold_ms": cold[system] * 1e3, "warm_ms": median * 1e3,
@@ -210,14 +212,14 @@ def table(results: List[Dict[str, Any]], hosts: List[str]) -> str:
         "each transfer's bytes checked; warm: median iteration; GB/s: all transfers' bytes "
         "over it",
         "",
-        f"{'pattern':<11} {'size':>8} {'xfers':>5}  {'rdmabuf cold':>12} {'gloo cold':>10}  "
+        f"{'pattern':<11} {'size':>8} {'xfers':>7}  {'rdmabuf cold':>12} {'gloo cold':>10}  "
         f"{'rdmabuf':>10} {'gloo':>10} {'x gloo':>6}  transports",
     ]
     for r in results:
         rd, gl = r["rdmabuf"], r["gloo"]
         routes = ", ".join(f"{k} {v}" for k, v in sorted(r["transports"].items()))
         lines.append(
-            f"{r['pattern']:<11} {human(r['size']):>8} {r['transfers']:>5}  "
+            f"{r['pattern']:<11} {human(r['size']):>8} {str(r['transfers']) + 'x' + str(r['repeats']):>7}  "
             f"{rd['cold_ms']:>9.1f} ms {gl['cold_ms']:>7.1f} ms  "
             f"{rd['warm_gbps']:>5.2f} GB/s {gl['warm_gbps']:>5.2f} GB/s {r['ratio']:>6.2f}  {routes}"
         )
@@ -229,8 +231,9 @@ def worker(args: argparse.Namespace, rank: int, size: int) -> int:
     results = []
     for pattern in args.patterns:
         for nbytes in args.sizes:
-            iters = args.iters or max(5, min(50, (256 * MiB) // nbytes))
-            result = me.run(pattern, nbytes, iters)
+            reps = max(1, args.window // nbytes)
+            iters = args.iters or max(15, min(50, (512 * MiB) // (nbytes * reps)))
+            result = me.run(pattern, nbytes, iters, reps)
             if result is not None:
                 results.append(result)
                 print(f"bench_patterns: {pattern} {human(nbytes)}: rdmabuf "
@@ -310,7 +313,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--sizes", default="1M,64M",
                         help="bytes per transfer, comma-separated, K/M/G (default 1M,64M)")  # fmt: skip
     parser.add_argument("--iters", type=int, default=0,
-                        help="warm iterations of each system (default: 256 MiB's worth, 5..50)")  # fmt: skip
+                        help="warm iterations of each system (default: 512 MiB of transfers, 15..50)")  # fmt: skip
+    parser.add_argument("--window", default="16M",
+                        help="each transfer repeats WINDOW // SIZE times an iteration (16M)")  # fmt: skip
     parser.add_argument("--procs", type=int, default=4, help="ranks to start, when not launched (4)")
     parser.add_argument("--hosts", type=int, default=0,
                         help="hosts of this machine to spread them over (default 2 where "
@@ -323,6 +328,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"--pattern: {p!r} is not one of {', '.join(PATTERNS)}")
     try:
         args.sizes = [parse_size(s) for s in args.sizes.split(",")]
+        args.window = parse_size(args.window)
     except (ValueError, argparse.ArgumentTypeError) as e:
         parser.error(f"--sizes: {e}")
     launched = launched_rank()

@@ -199,6 +199,13 @@ class Hosts:
         return {ENV_NAME: f"{self.state_dir};{spec}"}
 
     def up(self) -> None:
+        # SIGTERM ends this process through its `finally` blocks and `with`
+        # exits (Python's default would skip them and leave the state
+        # directory behind; the namespaces die with their holders anyway).
+        if threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        ):
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         missing = [t for t in ("ip", "nsenter", "unshare", "mount") if not shutil.which(t)]
         if missing:
             raise RuntimeError(f"netns_hosts: needs {', '.join(missing)} (iproute2, util-linux)")
