@@ -26,6 +26,10 @@
 #   network namespace; the same code runs here in the tcp cases themselves.
 # - bench_compare_short (a minute, alone): it checks the report's shape
 #   beside the peers' tools, whose code is not ours.
+# - bench_send_rounds_* (benchmarks of a few rounds: mostly process start
+#   under a sanitizer) and install_and_consume (packaging: cmake --install
+#   and a consumer's build); under TSan also bench_json_* (47 s there; the
+#   ASan pass runs them).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -46,7 +50,9 @@ for kind in "${kinds[@]}"; do
     *) echo "sanitize.sh: unknown sanitizer '$kind' (address or thread)" >&2; exit 2 ;;
   esac
   echo "sanitize.sh: the test suite under RDMABUF_SANITIZE=$kind in $dir"
-  left_out=(-E '^(Gpu/(Conformance|Ranges)Test\.[A-Za-z]+/[a-z]+_gpu_(local|remote)|Backends/(Conformance|Ranges)Test\.[A-Za-z]+/memory_private_host|bench_compare_short|conformance_across_hosts)( |$)')
+  slow='bench_compare_short|conformance_across_hosts|bench_send_rounds_[a-z]+|install_and_consume'
+  [ "$kind" = thread ] && slow+='|bench_json_[a-z]+'
+  left_out=(-E "^(Gpu/(Conformance|Ranges)Test\.[A-Za-z]+/[a-z]+_gpu_(local|remote)|Backends/(Conformance|Ranges)Test\.[A-Za-z]+/memory_private_host|$slow)( |\$)")
   [ "${RDMABUF_SANITIZE_ALL:-0}" = 1 ] && left_out=()
   # shellcheck disable=SC2086  # word splitting of extra arguments is intended
   RDMABUF_BUILD_DIR=$dir RDMABUF_CMAKE_ARGS="-DRDMABUF_SANITIZE=$kind -DRDMABUF_BUILD_PYTHON=OFF" \
