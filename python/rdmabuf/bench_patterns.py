@@ -28,8 +28,8 @@ init_process_group). Every received byte is checked after every iteration
 
 Launch: under torchrun (RANK, WORLD_SIZE, MASTER_ADDR), srun (SLURM_PROCID,
 SLURM_NTASKS, MASTER_ADDR from the batch script) or mpirun (Open MPI's
-OMPI_COMM_WORLD_*; MASTER_ADDR in the environment), each process is one
-rank. Started alone, it starts --procs ranks itself: spread over --hosts
+OMPI_COMM_WORLD_*; MASTER_ADDR from the environment, or rank 0's host
+sent by mpi4py), each process is one rank. Started alone, it starts --procs ranks itself: spread over --hosts
 hosts of this machine (rdmabuf.netns_hosts; root needed), or on this host.
 """
 
@@ -103,6 +103,8 @@ class Rank:
 
         self.torch, self.dist = torch, dist
         torch.set_num_threads(1)
+        if "MASTER_ADDR" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
+            self._rendezvous_from_mpi()
         os.environ.setdefault("MASTER_PORT", "29500")
         if "MASTER_ADDR" not in os.environ:
             sys.exit("bench_patterns: MASTER_ADDR is not set (rank 0's host, for the rendezvous)")
@@ -110,6 +112,18 @@ class Rank:
         self.rank, self.size = rank, size
         self.hosts: List[str] = [""] * size
         dist.all_gather_object(self.hosts, socket.gethostname())
+
+    @staticmethod
+    def _rendezvous_from_mpi() -> None:
+        """Under mpirun without MASTER_ADDR: rank 0's host name and a free
+        port of it, sent to every rank by MPI (when mpi4py is there)."""
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            return
+        mine = (socket.gethostname(), free_port()) if MPI.COMM_WORLD.Get_rank() == 0 else None
+        host, port = MPI.COMM_WORLD.bcast(mine, root=0)
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, str(port)
 
     def payload(self, sender: int, size: int) -> Any:
         """The bytes `sender` sends: distinct per sender and position."""
