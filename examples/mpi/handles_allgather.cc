@@ -7,9 +7,10 @@
 //
 // Ranks on one host reach each other by shared memory; ranks on other
 // hosts over tcp (or ibverbs). A manager listens on loopback unless told
-// otherwise: across hosts this example listens on every interface, and
-// handles name this host's first non-loopback address (RDMABUF_LISTEN and
-// RDMABUF_ADVERTISE_HOST override). Prints "rank R ok (TRANSPORT)".
+// otherwise: this example listens on every interface, so that ranks on
+// other hosts can dial it, and handles name this host's first non-loopback
+// address (RDMABUF_LISTEN and RDMABUF_ADVERTISE_HOST override). Prints
+// "rank R ok (TRANSPORT)".
 #include <mpi.h>
 #include <rdmabuf/rdmabuf.h>
 

@@ -265,6 +265,14 @@ def worker(args: argparse.Namespace, rank: int, size: int) -> int:
 # --- Starting the ranks here ---------------------------------------------------------
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL this rank when the launcher dies."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -295,12 +303,20 @@ def launch_here(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if made is not None:
                 procs.append(made[rank // per_host].popen(command, env=env, stdout=out))
             else:
-                procs.append(subprocess.Popen(command, env=env, stdout=out))
-        failed = 0
-        for rank, p in enumerate(procs):
-            if p.wait() != 0:
-                print(f"bench_patterns: rank {rank} exited with {p.returncode}", file=sys.stderr)
-                failed += 1
+                procs.append(subprocess.Popen(command, env=env, stdout=out,
+                                              preexec_fn=_die_with_parent))  # fmt: skip
+        # The first rank to fail ends the run: the others would wait for it
+        # in gloo's collectives until its 30-minute timeout.
+        while any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                print(f"bench_patterns: rank {failed[0]} exited with "
+                      f"{procs[failed[0]].returncode}", file=sys.stderr)  # fmt: skip
+                return 1
+            time.sleep(0.1)
+        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+        for r in failed:
+            print(f"bench_patterns: rank {r} exited with {procs[r].returncode}", file=sys.stderr)
         return 1 if failed else 0
     finally:
         for p in procs:

@@ -32,10 +32,16 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from ._buffer import DEFAULT_TIMEOUT, LocalMemory, RDMAAction, RDMABuffer
-from ._errors import Error, FailedPreconditionError, InvalidArgumentError, error_for
+from ._errors import (
+    Error,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    StatusCode,
+    error_for,
+)
 from ._manager import config, configure, manager_in_use
 
 __all__ = ["Window", "broadcast", "all_to_all", "gather"]
@@ -120,14 +126,13 @@ def _route_to(host: str) -> Optional[str]:
 
 def _make_reachable(group: _Group) -> None:
     """Before this process's manager starts: when the group spans hosts and
-    nothing configured where it listens, listen where the others can dial."""
-    if manager_in_use() or not config().listen.startswith("127."):
-        return
-    if "RDMABUF_LISTEN" in os.environ:
-        return  # loopback on purpose; Window checks it below
+    nothing configured where it listens, listen where the others can dial.
+    Collective (every rank gathers the host names, whatever it decides)."""
     hosts = group.all_gather(socket.gethostname())
-    if len(set(hosts)) == 1:
-        return
+    if len(set(hosts)) == 1 or manager_in_use() or "RDMABUF_LISTEN" in os.environ:
+        return  # one host; or too late, or loopback on purpose: Window checks
+    if not config().listen.startswith("127."):
+        return  # configure(listen=...) chose an address
     toward = os.environ.get("MASTER_ADDR") or hosts[0]
     address = _route_to(toward)
     if address is None or address.startswith("127."):
@@ -241,8 +246,7 @@ class Window:
 
     def _slice(self, rank: int, offset: int, length: int) -> RDMABuffer:
         self._check_open()
-        if not 0 <= rank < self.size:
-            raise InvalidArgumentError(f"rdmabuf.distributed: no rank {rank} of {self.size}")
+        self._check_rank(rank, "Window")
         return self._buffers[rank].slice(offset, length)
 
     # --- Collective ----------------------------------------------------------
@@ -254,19 +258,30 @@ class Window:
     def broadcast(self, src: int = 0) -> None:
         """Every rank's memory becomes a copy of rank `src`'s: the others
         each read it (the same size on every rank)."""
-        self._check_open()
-        self._same_sizes("broadcast")
-        action = RDMAAction()
-        if self.rank != src:
-            action.read_remote(self._bytes, self._buffers[src])
-        self._run(action)
+        self._run(lambda: self._broadcast_reads(src))
 
     def all_to_all(self, output: LocalMemory) -> None:
         """Each rank's memory is `size` equal chunks; chunk j goes to rank j.
-        `output` (the same bytes as this rank's memory) receives in chunk i
-        what rank i had in chunk `rank`. This rank reads its chunk of every
-        rank's memory, its own included."""
-        self._check_open()
+        `output` (as many bytes as this rank's memory, and not overlapping
+        it) receives in chunk i what rank i had in chunk `rank`. This rank
+        reads its chunk of every rank's memory, its own included."""
+        self._run(lambda: self._all_to_all_reads(output))
+
+    def gather(self, output: Optional[LocalMemory] = None, dst: int = 0) -> None:
+        """Rank `dst` reads every rank's memory into `output` (its own
+        included), rank r's at r times the size; the other ranks pass no
+        output and only wait."""
+        self._run(lambda: self._gather_reads(output, dst))
+
+    def _broadcast_reads(self, src: int) -> RDMAAction:
+        self._same_sizes("broadcast")
+        self._check_rank(src, "broadcast: src")
+        action = RDMAAction()
+        if self.rank != src:
+            action.read_remote(self._bytes, self._buffers[src])
+        return action
+
+    def _all_to_all_reads(self, output: LocalMemory) -> RDMAAction:
         self._same_sizes("all_to_all")
         out = _flat_bytes(output)
         total = self.nbytes(self.rank)
@@ -280,28 +295,26 @@ class Window:
         for r in range(self.size):
             src = self._buffers[r].slice(self.rank * chunk, chunk)
             action.read_remote(out[r * chunk : (r + 1) * chunk], src)
-        self._run(action)
+        return action
 
-    def gather(self, output: Optional[LocalMemory] = None, dst: int = 0) -> None:
-        """Rank `dst` reads every rank's memory into `output` (its own
-        included), rank r's at r times the size; the other ranks pass no
-        output and only wait."""
-        self._check_open()
+    def _gather_reads(self, output: Optional[LocalMemory], dst: int) -> RDMAAction:
         self._same_sizes("gather")
+        self._check_rank(dst, "gather: dst")
         action = RDMAAction()
-        if self.rank == dst:
-            if output is None:
-                raise InvalidArgumentError("rdmabuf.distributed.gather: rank dst needs an output")
-            out = _flat_bytes(output)
-            each = self.nbytes(dst)
-            if _nbytes(out) < each * self.size:
-                raise InvalidArgumentError(
-                    f"rdmabuf.distributed.gather: output holds {_nbytes(out)} B, "
-                    f"less than {self.size} x {each} B"
-                )
-            for r in range(self.size):
-                action.read_remote(out[r * each : (r + 1) * each], self._buffers[r])
-        self._run(action)
+        if self.rank != dst:
+            return action
+        if output is None:
+            raise InvalidArgumentError("rdmabuf.distributed.gather: rank dst needs an output")
+        out = _flat_bytes(output)
+        each = self.nbytes(dst)
+        if _nbytes(out) < each * self.size:
+            raise InvalidArgumentError(
+                f"rdmabuf.distributed.gather: output holds {_nbytes(out)} B, "
+                f"less than {self.size} x {each} B"
+            )
+        for r in range(self.size):
+            action.read_remote(out[r * each : (r + 1) * each], self._buffers[r])
+        return action
 
     def close(self) -> None:
         """Collective: after every rank is done, each releases its memory.
@@ -318,22 +331,35 @@ class Window:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, action: RDMAAction) -> None:
-        """A pattern's step: a barrier (every rank's memory is ready), this
-        rank's reads, then every rank's status gathered (everyone's reads
-        are done), raising on every rank if any rank's failed."""
+    def _run(self, plan: Callable[[], RDMAAction]) -> None:
+        """A pattern's step, the same collectives on every rank whatever
+        happens on one: a barrier (every rank's memory is ready), this
+        rank's reads (`plan` makes them; an error there, such as a bad
+        argument on this rank alone, counts as this rank's failure), then
+        every rank's status gathered (everyone's reads are done), raising
+        on every rank if any rank's failed."""
         self._group.barrier()
-        failure: Optional[Tuple[int, str, str]] = None
+        failure: Optional[Tuple[int, str]] = None
         try:
+            self._check_open()
+            action = plan()
             if len(action):
                 action.submit(timeout=self._timeout).get()
         except Error as e:
-            failure = (int(e.code), e.message, type(e).__name__)
+            failure = (int(e.code), e.message)
+        except (ValueError, TypeError, IndexError) as e:
+            failure = (int(StatusCode.INVALID_ARGUMENT), f"{type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 -- every rank must hear of it
+            failure = (int(StatusCode.INTERNAL), f"{type(e).__name__}: {e}")
         statuses = self._group.all_gather(failure)
         for rank, status in enumerate(statuses):
             if status is not None:
-                code, message, _ = status
-                raise error_for(code, f"rank {rank}: {message}")
+                code, message = status
+                raise error_for(StatusCode(code), f"rank {rank}: {message}")
+
+    def _check_rank(self, rank: int, what: str) -> None:
+        if not 0 <= rank < self.size:
+            raise InvalidArgumentError(f"rdmabuf.distributed.{what}: no rank {rank} of {self.size}")
 
     def _same_sizes(self, what: str) -> None:
         sizes = {b.size() for b in self._buffers}

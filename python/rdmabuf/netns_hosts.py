@@ -37,6 +37,7 @@ import ctypes
 import json
 import os
 import select
+import shlex
 import socket
 import struct
 import threading
@@ -105,9 +106,12 @@ class Host:
         in `cwd` (default: the current directory). From a host, use
         launch()."""
         ns = Path("/proc") / str(self.pid) / "ns"
+        # nsenter forks to enter the PID namespace; its child dies with it
+        # (setpriv --pdeathsig), so that killing the command line kills argv.
         return [
             "nsenter", f"--net={ns}/net", f"--uts={ns}/uts", f"--mount={ns}/mnt",
-            f"--pid={ns}/pid", f"--wd={cwd or os.getcwd()}", "--", *argv,
+            f"--pid={ns}/pid", f"--wd={cwd or os.getcwd()}", "--",
+            "setpriv", "--pdeathsig", "KILL", "--", *argv,
         ]  # fmt: skip
 
     def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
@@ -176,6 +180,7 @@ class Hosts:
         self.state_dir = ""
         self._switch: Optional[subprocess.Popen] = None
         self._launcher: Optional[socket.socket] = None
+        self._restore_sigterm = False
 
     def __enter__(self) -> "Hosts":
         self.up()
@@ -206,7 +211,8 @@ class Hosts:
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         ):
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-        missing = [t for t in ("ip", "nsenter", "unshare", "mount") if not shutil.which(t)]
+            self._restore_sigterm = True
+        missing = [t for t in ("ip", "nsenter", "unshare", "mount", "setpriv") if not shutil.which(t)]
         if missing:
             raise RuntimeError(f"netns_hosts: needs {', '.join(missing)} (iproute2, util-linux)")
         self.state_dir = tempfile.mkdtemp(prefix="rdmabuf-hosts-")
@@ -239,9 +245,9 @@ class Hosts:
             # The host's /proc is its own PID namespace's; the machine's stays
             # reachable at ROOT_PROC, and /etc/hosts names every host.
             setup = (
-                f"mount --bind /proc {state / ROOT_PROC} && mount -t proc proc /proc && "
-                f"mount --bind {etc_hosts} /etc/hosts && hostname {name} && "
-                "exec sleep infinity"
+                f"mount --bind /proc {shlex.quote(str(state / ROOT_PROC))} && "
+                f"mount -t proc proc /proc && mount --bind {shlex.quote(str(etc_hosts))} "
+                f"/etc/hosts && hostname {name} && exec sleep infinity"
             )
             holder = subprocess.Popen(
                 ["unshare", "--net", "--pid", "--uts", "--mount", "--propagation", "private",
@@ -260,6 +266,7 @@ class Hosts:
             _check([*in_host, "ip", "link", "set", "eth0", "up"])
         self._launcher = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._launcher.bind(str(state / LAUNCHER))
+        os.chmod(state / LAUNCHER, 0o600)  # root's only, as the state directory
         self._launcher.listen(64)
         threading.Thread(
             target=_serve_launches, args=(self._launcher, {h.name: h for h in self.hosts}),
@@ -275,7 +282,15 @@ class Hosts:
 
     def down(self) -> None:
         if self._launcher is not None:
+            try:
+                self._launcher.shutdown(socket.SHUT_RDWR)  # wakes its accept()
+            except OSError:
+                pass
             self._launcher.close()
+            self._launcher = None
+        if self._restore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self._restore_sigterm = False
         for host in self.hosts:
             host.remove()
         if self._switch is not None:
@@ -297,28 +312,38 @@ def _serve_launches(listener: socket.socket, hosts: Dict[str, Host]) -> None:
     reply. A caller that goes away takes its command with it."""
 
     def one(conn: socket.socket) -> None:
+        fds: List[int] = []
+        proc = None
         with conn:
-            proc = None
             try:
-                message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                # The request is one line; the caller's streams come with
+                # its first bytes.
+                message, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+                while not message.endswith(b"\n"):
+                    more = conn.recv(1 << 16)
+                    if not more:
+                        raise RuntimeError("the caller hung up mid-request")
+                    message += more
                 request = json.loads(message)
                 host = hosts[request["host"]]
                 proc = subprocess.Popen(
                     host.command(request["argv"], request["cwd"]), env=request["env"],
                     stdin=fds[0], stdout=fds[1], stderr=fds[2],
                 )  # fmt: skip
-                for fd in fds:
-                    os.close(fd)
                 while proc.poll() is None:
                     readable, _, _ = select.select([conn], [], [], 0.2)
                     if readable and conn.recv(1) == b"":
-                        proc.kill()  # the caller hung up
+                        proc.kill()  # the caller hung up: nsenter's child dies with it
                         proc.wait()
                 conn.sendall(struct.pack("<i", proc.returncode))
-            except Exception as e:  # noqa: BLE001 -- reported to the caller's stderr
-                print(f"netns_hosts: launch failed: {e}", file=sys.stderr)
+            except Exception as e:  # noqa: BLE001 -- told to the caller's stderr
                 if proc is not None:
                     proc.kill()
+                if len(fds) == 3:
+                    os.write(fds[2], f"netns_hosts: launch failed: {e}\n".encode())
+            finally:
+                for fd in fds:
+                    os.close(fd)
 
     while True:
         try:

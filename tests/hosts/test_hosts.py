@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
-from typing import Iterator, List
+from typing import Any, Iterator, List
 
 import pytest
 
@@ -48,7 +50,9 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
 
 
 def _wait_all(procs: List[subprocess.Popen], timeout: float) -> List[str]:
-    """Each process's output, after all exited (killed at the timeout)."""
+    """Each process's output, after all exited (killed at the timeout: the
+    command, through nsenter; what it started dies with its host when the
+    test ends)."""
     deadline = time.monotonic() + timeout
     outputs = []
     for p in procs:
@@ -56,10 +60,27 @@ def _wait_all(procs: List[subprocess.Popen], timeout: float) -> List[str]:
             out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
-            out, _ = p.communicate()
+            try:
+                out, _ = p.communicate(timeout=5)
+            except subprocess.TimeoutExpired:  # a child of it holds the pipe
+                out = ""
             out += "\n(killed at the timeout)"
         outputs.append(out)
     return outputs
+
+
+def _lines(stream: Any) -> "queue.Queue[str]":
+    """`stream`'s lines, read by a thread ("" at the end), so that a test
+    can wait for the next one with a timeout."""
+    lines: "queue.Queue[str]" = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
 
 
 def _ok_lines(output: str) -> List[str]:
@@ -150,16 +171,23 @@ def test_a_host_removed_mid_transfer_fails_its_ops_alone(hosts: Hosts) -> None:
              f"h2={handles[1]}"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
+        output = _lines(reader.stdout)
         seen: List[str] = []
         while sum(line == "h1 ok" for line in seen) < 3:  # both owners are being read
-            line = reader.stdout.readline()
-            assert line, "the reader ended early:\n" + "".join(seen)
+            line = output.get(timeout=60)
+            assert line, "the reader ended early:\n" + "\n".join(seen)
             seen.append(line.strip())
         removed_at = time.monotonic()
         hosts[1].remove()
-        (rest,) = _wait_all([reader], 60)
+        try:
+            reader.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            reader.kill()
+            pytest.fail("the reader hung after h1 was removed:\n" + "\n".join(seen))
         took = time.monotonic() - removed_at
-        lines = seen + rest.splitlines()
+        lines = seen
+        while (line := output.get(timeout=10)) != "":
+            lines.append(line.strip())
         assert reader.returncode == 0, "\n".join(lines)
         failures = [line for line in lines if line.startswith("h1 failed")]
         assert len(failures) == 1, "\n".join(lines)

@@ -57,6 +57,29 @@ def patterns(rank: int, size: int) -> Any:
         return win[peer].backend
 
 
+def one_rank_used_rdmabuf_before(rank: int, size: int) -> Any:
+    import rdmabuf
+    import rdmabuf.distributed as rd
+
+    if rank == 0:  # its manager exists before the window; the others' not
+        rdmabuf.RDMABuffer(bytearray(8)).drop().get()
+    data = bytearray(b"abc" * 100) if rank == 0 else bytearray(300)
+    rd.broadcast(data, src=0)
+    return bytes(data[:6])
+
+
+def bad_argument_on_one_rank(rank: int, size: int) -> Any:
+    import rdmabuf.distributed as rd
+
+    with rd.Window(bytearray(64)) as win:
+        try:
+            win.gather(None, dst=0)  # rank 0 forgot its output; the others are fine
+        except Exception as e:  # noqa: BLE001 -- the window goes on afterwards
+            first = e
+        win.broadcast(src=0)  # the ranks still agree on their collectives
+        return first
+
+
 def sizes_differ(rank: int, size: int) -> Any:
     import rdmabuf.distributed as rd
 
@@ -84,6 +107,8 @@ def loopback_across_hosts(rank: int, size: int) -> Any:
 
 SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "patterns": patterns,
+    "one_rank_used_rdmabuf_before": one_rank_used_rdmabuf_before,
+    "bad_argument_on_one_rank": bad_argument_on_one_rank,
     "sizes_differ": sizes_differ,
     "source_released": source_released,
     "loopback_across_hosts": loopback_across_hosts,

@@ -42,6 +42,19 @@ def test_every_pattern_moves_the_right_bytes(spawn: Any) -> None:
     assert outcomes == {0: "memory", 1: "memory", 2: "memory"}, outcomes
 
 
+def test_ranks_whose_managers_started_at_different_times_agree(spawn: Any) -> None:
+    """Making a window is the same collectives on every rank, whether its
+    manager already ran or not (else the ranks' all-gathers mismatch)."""
+    outcomes = run_ranks(spawn, "one_rank_used_rdmabuf_before")
+    assert outcomes == {r: b"abcabc" for r in range(RANKS)}, outcomes
+
+
+def test_a_bad_argument_on_one_rank_fails_every_rank_and_hangs_none(spawn: Any) -> None:
+    for rank, outcome in run_ranks(spawn, "bad_argument_on_one_rank").items():
+        assert isinstance(outcome, rdmabuf.InvalidArgumentError), (rank, outcome)
+        assert "rank 0: rdmabuf.distributed.gather: rank dst needs an output" in str(outcome)
+
+
 def test_sizes_that_differ_fail_on_every_rank(spawn: Any) -> None:
     for rank, outcome in run_ranks(spawn, "sizes_differ").items():
         assert isinstance(outcome, rdmabuf.InvalidArgumentError), (rank, outcome)
