@@ -3,6 +3,7 @@ mpi4py: rdmabuf.distributed over an MPI communicator, bytes checked.
 Prints "rank R ok BACKENDS" when all is well."""
 
 import socket
+import sys
 import warnings
 
 import numpy as np
@@ -39,4 +40,7 @@ with rd.Window(np.full(4096, rank, np.uint8), comm) as win:
         win.read(peer, dst, offset=512).get()
         assert (dst == peer).all(), f"rank {rank}: read from {peer}"
         assert backends[peer] == ("memory" if hosts[peer] == hosts[rank] else "tcp"), backends
-print(f"rank {rank} on {socket.gethostname()} ok {','.join(backends)}", flush=True)
+# One write, line and newline: the ranks share the pipe, and print() under
+# PYTHONUNBUFFERED writes the newline apart, so two ranks' lines could merge.
+sys.stdout.write(f"rank {rank} on {socket.gethostname()} ok {','.join(backends)}\n")
+sys.stdout.flush()

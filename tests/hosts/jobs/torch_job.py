@@ -3,6 +3,7 @@ pattern of rdmabuf.distributed with its bytes checked, and the transport
 each peer is reached by. Prints "rank R ok BACKENDS" when all is well."""
 
 import socket
+import sys
 import warnings
 
 import torch
@@ -49,5 +50,8 @@ with rd.Window(torch.full((1 << 16,), rank, dtype=torch.uint8)) as win:
         expected = "memory" if hosts[peer] == hosts[rank] else "tcp"
         assert backends[peer] == expected, (rank, peer, backends, hosts)
     win.barrier()
-print(f"rank {rank} on {socket.gethostname()} ok {','.join(backends)}", flush=True)
+# One write, line and newline: the ranks share the pipe, and print() under
+# PYTHONUNBUFFERED writes the newline apart, so two ranks' lines could merge.
+sys.stdout.write(f"rank {rank} on {socket.gethostname()} ok {','.join(backends)}\n")
+sys.stdout.flush()
 dist.destroy_process_group()
