@@ -46,6 +46,8 @@ import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from rdmabuf.netns_hosts import Hosts, can_make_hosts, die_with_parent
+
 PATTERNS = ("p2p", "fan-in", "fan-out", "all-to-all", "ring")
 MiB = 1 << 20
 
@@ -265,14 +267,6 @@ def worker(args: argparse.Namespace, rank: int, size: int) -> int:
 # --- Starting the ranks here ---------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: SIGKILL this rank when the launcher dies."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -290,8 +284,6 @@ def launch_here(args: argparse.Namespace, argv: Sequence[str]) -> int:
     made = None
     try:
         if args.hosts > 1:
-            from rdmabuf.netns_hosts import Hosts
-
             made = Hosts(args.hosts)
             made.up()
             base.update(MASTER_ADDR=made[0].address, MASTER_PORT="29500")
@@ -304,7 +296,7 @@ def launch_here(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 procs.append(made[rank // per_host].popen(command, env=env, stdout=out))
             else:
                 procs.append(subprocess.Popen(command, env=env, stdout=out,
-                                              preexec_fn=_die_with_parent))  # fmt: skip
+                                              preexec_fn=die_with_parent))  # fmt: skip
         # The first rank to fail ends the run: the others would wait for it
         # in gloo's collectives until its 30-minute timeout.
         while any(p.poll() is None for p in procs):
@@ -324,11 +316,6 @@ def launch_here(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 p.kill()
         if made is not None:
             made.down()
-
-
-def can_make_hosts() -> bool:
-    done = subprocess.run(["unshare", "--net", "true"], capture_output=True)
-    return done.returncode == 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -124,20 +124,22 @@ def _route_to(host: str) -> Optional[str]:
         return None
 
 
-def _make_reachable(group: _Group) -> None:
+def _make_reachable(group: _Group) -> List[str]:
     """Before this process's manager starts: when the group spans hosts and
     nothing configured where it listens, listen where the others can dial.
-    Collective (every rank gathers the host names, whatever it decides)."""
+    Collective (every rank gathers the host names, whatever it decides);
+    returns them, in rank order."""
     hosts = group.all_gather(socket.gethostname())
     if len(set(hosts)) == 1 or manager_in_use() or "RDMABUF_LISTEN" in os.environ:
-        return  # one host; or too late, or loopback on purpose: Window checks
+        return hosts  # one host; or too late, or loopback on purpose: Window checks
     if not config().listen.startswith("127."):
-        return  # configure(listen=...) chose an address
+        return hosts  # configure(listen=...) chose an address
     toward = os.environ.get("MASTER_ADDR") or hosts[0]
     address = _route_to(toward)
     if address is None or address.startswith("127."):
         address = "0.0.0.0"  # every interface; handles name the first non-loopback one
     configure(listen=f"{address}:0")
+    return hosts
 
 
 def _is_loopback(address: str) -> bool:
@@ -189,13 +191,12 @@ class Window:
         self._group = _as_group(group)
         self._timeout = timeout
         self._bytes = _flat_bytes(data)
-        _make_reachable(self._group)
+        hosts = set(_make_reachable(self._group))
         self._mine: Optional[RDMABuffer] = RDMABuffer(self._bytes)
-        entries = self._group.all_gather((socket.gethostname(), self._mine.to_bytes()))
-        hosts = {host for host, _ in entries}
+        handles = self._group.all_gather(self._mine.to_bytes())
         self._buffers: List[RDMABuffer] = [
             self._mine if r == self.rank else RDMABuffer.from_bytes(b)
-            for r, (_, b) in enumerate(entries)
+            for r, b in enumerate(handles)
         ]
         if len(hosts) > 1:
             stuck = [r for r, b in enumerate(self._buffers) if _is_loopback(b.owner.address)]

@@ -63,7 +63,13 @@ LAUNCHER = "launch.sock"
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def can_make_hosts() -> bool:
+    """Whether this process may make namespaces (root, or CAP_SYS_ADMIN)."""
+    done = subprocess.run(["unshare", "--net", "true"], capture_output=True)
+    return done.returncode == 0
+
+
+def die_with_parent() -> None:
     """preexec_fn: SIGKILL this child when the process that made it dies."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -228,7 +234,7 @@ class Hosts:
         state = Path(self.state_dir)
         self._switch = subprocess.Popen(
             ["unshare", "--net", "--fork", "--kill-child", "sleep", "infinity"],
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )  # fmt: skip
         switch_pid = _holder_pid(self._switch)
         state.joinpath("switch.pid").write_text(f"{switch_pid}\n")
@@ -252,7 +258,7 @@ class Hosts:
             holder = subprocess.Popen(
                 ["unshare", "--net", "--pid", "--uts", "--mount", "--propagation", "private",
                  "--fork", "--kill-child", "sh", "-c", setup],
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )  # fmt: skip
             host = Host(name, address, _holder_pid(holder), self.state_dir)
             host._holder = holder

@@ -24,18 +24,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = Path(__file__).parent / "jobs"
-from rdmabuf.netns_hosts import Hosts
+from rdmabuf.netns_hosts import Hosts, can_make_hosts
 
 BUILD = Path(os.environ.get("RDMABUF_TEST_BUILD_DIR", REPO / "build"))
 TOOL = os.environ.get("RDMABUF_TOOL", str(BUILD / "tools" / "rdmabuf"))
 PYTHON = "/usr/bin/python3"
 
 
-def _can_make_namespaces() -> bool:
-    return subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
-
-
-if not _can_make_namespaces():
+if not can_make_hosts():
     why = "cannot make network namespaces here (needs root or CAP_SYS_ADMIN)"
     if os.environ.get("RDMABUF_TEST_STRICT") == "1":
         raise RuntimeError(f"RDMABUF_TEST_STRICT=1 and {why}")
