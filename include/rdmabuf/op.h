@@ -67,10 +67,24 @@ class OpRanges {
   // The range holding byte `at` of the sequence (at < bytes()).
   size_t range_at(uint64_t at) const;
 
+  // What Manager::submit checks of every op that carries this list, found
+  // once, here, rather than on each submit of a list that is reused (a KV
+  // cache's pages): whether every range is non-empty and ends below 2^64,
+  // with a sum below 2^64; the furthest end of any range on each side; and
+  // whether two ranges share a byte on each side.
+  bool well_formed() const { return well_formed_; }
+  uint64_t local_end() const { return local_end_; }
+  uint64_t remote_end() const { return remote_end_; }
+  bool local_overlap() const { return local_overlap_; }
+  bool remote_overlap() const { return remote_overlap_; }
+
  private:
   std::vector<OpRange> ranges_;
   std::vector<uint64_t> starts_;
   uint64_t bytes_ = 0;
+  bool well_formed_ = true;
+  uint64_t local_end_ = 0, remote_end_ = 0;
+  bool local_overlap_ = false, remote_overlap_ = false;
 };
 
 struct Op {
