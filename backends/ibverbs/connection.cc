@@ -208,6 +208,7 @@ void Connection::connect() {
   auto attempt = [&]() -> Status {
     QueuePair::Shape shape{kDepth};
     shape.inline_bytes = kNoticeBytes;  // a notice goes in its work request where the NIC allows
+    shape.send_sge = gather_limit(*context_.device);
     RDMABUF_ASSIGN_OR_RETURN(auto qp, QueuePair::create(*context_.device, shape));
     RDMABUF_ASSIGN_OR_RETURN(Fd fd,
                              connect_tcp(context_.owner_address, deadline, context_.stop_fd));
@@ -293,7 +294,7 @@ void Connection::hand_on_pending(const Status& failure) {
 
 bool Connection::post() {
   ibv_send_wr wrs[kPostBatch];
-  ibv_sge sges[kPostBatch];
+  ibv_sge sges[kPostBatch][kMaxGather];
   int n = 0;
   bool progressed = false;
   Status control_failure;  // the queue pair is reset once what was built is posted
@@ -327,12 +328,13 @@ bool Connection::post() {
       progressed = true;
       continue;
     }
-    ibv_sge& sge = sges[n];
+    ibv_sge* sge = sges[n];
     ibv_send_wr& wr = wrs[n];
     wr = {};
     wr.wr_id = next_wr_;
-    auto region = c.notice ? build_notice(c, wr, sge)
-                           : context_.registrations->acquire(t->op(c.op).local, c.local, c.length);
+    wr.sg_list = sge;
+    wr.num_sge = 1;
+    auto region = c.notice ? build_notice(c, wr, sge[0]) : acquire_region(c);
     if (!region.ok()) {
       complete(c, region.status());
       pending_.pop_front();
@@ -347,15 +349,18 @@ bool Connection::post() {
     }
     ++next_wr_;
     if (!c.notice) {
-      sge.addr = reinterpret_cast<uint64_t>(c.local);
-      sge.length = c.length;
-      sge.lkey = (*region)->lkey();
+      const uint32_t lkey = (*region)->lkey();
+      if (c.pieces.empty()) {
+        sge[0] = {reinterpret_cast<uint64_t>(c.local), c.length, lkey};
+      } else {
+        for (size_t k = 0; k < c.pieces.size(); ++k)
+          sge[k] = {reinterpret_cast<uint64_t>(c.pieces[k].at), c.pieces[k].length, lkey};
+        wr.num_sge = static_cast<int>(c.pieces.size());
+      }
       wr.opcode = c.kind == OpKind::kReadIntoLocal ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
       wr.wr.rdma.remote_addr = c.remote_addr;
       wr.wr.rdma.rkey = granted->rkey;
     }
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
     if (wr.wr_id % kSignalEvery == 0) wr.send_flags |= IBV_SEND_SIGNALED;
     if (n > 0) wrs[n - 1].next = &wr;
     posted_.push_back(Posted{std::move(c), std::move(region).value(), wr.wr_id,
@@ -386,6 +391,20 @@ bool Connection::post() {
   }
   if (!control_failure.ok()) reset(0, control_failure);
   return true;
+}
+
+Result<std::shared_ptr<MemoryRegion>> Connection::acquire_region(const Chunk& chunk) {
+  const LocalMemory& memory = chunk.transfer->op(chunk.op).local;
+  if (chunk.pieces.empty())
+    return context_.registrations->acquire(memory, chunk.local, chunk.length);
+  // One registration spanning every piece (all within the op's local memory).
+  std::byte* low = chunk.pieces.front().at;
+  std::byte* high = low;
+  for (const LocalPiece& piece : chunk.pieces) {
+    low = std::min(low, piece.at);
+    high = std::max(high, piece.at + piece.length);
+  }
+  return context_.registrations->acquire(memory, low, static_cast<size_t>(high - low));
 }
 
 Result<std::shared_ptr<MemoryRegion>> Connection::build_notice(const Chunk& chunk, ibv_send_wr& wr,

@@ -2,6 +2,7 @@
 // one owner, and the thread that drives it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -38,7 +39,23 @@ struct ConnectionContext {
   OpRouter* router = nullptr;
 };
 
-// One work request's worth of an op: at most the maximum message size.
+// The most local pieces one work request of a connection gathers or
+// scatters into, whatever the device allows beyond.
+constexpr uint32_t kMaxGather = 16;
+
+// The local pieces a connection's work requests may take on `device`.
+inline uint32_t gather_limit(const Device& device) {
+  return static_cast<uint32_t>(std::clamp(device.attr().max_sge, 1, static_cast<int>(kMaxGather)));
+}
+
+// Local memory of a chunk whose bytes lie in more than one place.
+struct LocalPiece {
+  std::byte* at = nullptr;
+  uint32_t length = 0;
+};
+
+// One work request's worth of an op: at most the maximum message size, of
+// one contiguous remote range.
 struct Chunk {
   std::shared_ptr<TransferState> transfer;
   uint32_t op = 0;
@@ -46,6 +63,12 @@ struct Chunk {
   std::byte* local = nullptr;
   uint64_t remote_addr = 0;  // the key comes from the owner's grant, at post time
   uint32_t length = 0;
+  // Empty: the local bytes are [local, local + length). Else the remote
+  // range's bytes lie in these local pieces, in order (at most
+  // gather_limit(), adding up to `length`; `local` is the first): a
+  // scattered op's ranges that are adjacent in remote memory, one work
+  // request with a gather entry each.
+  std::vector<LocalPiece> pieces;
   // Times it was flushed by a queue pair failure it did not cause; such a
   // chunk is posted again on the next queue pair, once.
   int retries = 0;
@@ -174,6 +197,8 @@ class Connection {
   // Fills in the work request `wr` (its wr_id set) and `sge` that send
   // `chunk`'s notice; the slot of wr_id holds the bytes until it completes.
   // The registration the bytes lie in.
+  // The registration of the chunk's local memory (every piece of it).
+  Result<std::shared_ptr<MemoryRegion>> acquire_region(const Chunk& chunk);
   Result<std::shared_ptr<MemoryRegion>> build_notice(const Chunk& chunk, ibv_send_wr& wr,
                                                      ibv_sge& sge);
   void finish_posted(Posted& p, const Status& status);

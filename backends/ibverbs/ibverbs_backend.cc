@@ -66,6 +66,13 @@ class IbverbsBackend final : public Backend {
     info.details.emplace_back("local registrations made", std::to_string(registrations_.made()));
     info.details.emplace_back("local registrations reused",
                               std::to_string(registrations_.reused()));
+    // Reads' and writes' work requests made, and how many of them gather
+    // (or scatter into) more than one local piece; at most this many each.
+    info.details.emplace_back("work requests", std::to_string(work_requests_.load()));
+    info.details.emplace_back("work requests with local pieces",
+                              std::to_string(gathering_work_requests_.load()));
+    info.details.emplace_back("local pieces per work request",
+                              std::to_string(gather_limit(*device_)));
     return info;
   }
 
@@ -109,6 +116,18 @@ class IbverbsBackend final : public Backend {
     return region.ok() ? Status::Ok() : region.status().with_context("ibverbs");
   }
 
+  // Whether `length` bytes at `remote` join the last chunk of `batch` (one
+  // of this op's, from index `first` on) as another local piece: they follow
+  // it in remote memory, and it has room for them and for a gather entry.
+  static bool joins_last(const std::vector<Chunk>& batch, size_t first, uint64_t remote,
+                         uint64_t length, uint64_t max, uint32_t gather) {
+    if (batch.size() == first || gather < 2) return false;
+    const Chunk& last = batch.back();
+    const size_t pieces = last.pieces.empty() ? 1 : last.pieces.size();
+    return last.remote_addr + last.length == remote && last.length + length <= max &&
+           pieces < gather;
+  }
+
   void submit(const std::shared_ptr<TransferState>& transfer,
               std::span<const uint32_t> indices) override {
     const uint64_t max = env_.config.ib_max_message;
@@ -130,21 +149,44 @@ class IbverbsBackend final : public Backend {
       if (batch.empty()) used.push_back(*connection);
       // One work request per piece of at most `max` bytes of each extent
       // (a plain op is one; a scattered op, one per range): a work request
-      // reaches one contiguous remote range.
+      // reaches one contiguous remote range. A scattered op's ranges that
+      // follow one another in remote memory share one, a gather entry each.
       const size_t first = batch.size();
+      const uint32_t gather = gather_limit(*device_);
       for_each_extent(op, 0, op.bytes(), [&](const Extent& e) {
+        std::byte* local = op.local.data() + e.local_offset;
+        const uint64_t remote = c->addr + op.remote.offset() + e.remote_offset;
+        if (joins_last(batch, first, remote, e.length, max, gather)) {
+          Chunk& last = batch.back();
+          const auto length = static_cast<uint32_t>(e.length);
+          std::byte* end = last.pieces.empty() ? last.local + last.length
+                                               : last.pieces.back().at + last.pieces.back().length;
+          if (end == local) {  // adjacent here too: the same piece, longer
+            if (!last.pieces.empty()) last.pieces.back().length += length;
+          } else {
+            if (last.pieces.empty()) last.pieces.push_back({last.local, last.length});
+            last.pieces.push_back({local, length});
+          }
+          last.length += length;
+          return;
+        }
         for (uint64_t done = 0; done < e.length; done += max) {
           Chunk chunk;
           chunk.transfer = transfer;
           chunk.op = i;
           chunk.kind = op.kind;
-          chunk.local = op.local.data() + e.local_offset + done;
-          chunk.remote_addr = c->addr + op.remote.offset() + e.remote_offset + done;
+          chunk.local = local + done;
+          chunk.remote_addr = remote + done;
           chunk.length = static_cast<uint32_t>(std::min(max, e.length - done));
           batch.push_back(std::move(chunk));
         }
       });
       const uint64_t parts = batch.size() - first;
+      work_requests_.fetch_add(parts, std::memory_order_relaxed);
+      for (size_t k = first; k < batch.size(); ++k) {
+        if (!batch[k].pieces.empty())
+          gathering_work_requests_.fetch_add(1, std::memory_order_relaxed);
+      }
       const bool notice = transfer->notice(i) != nullptr && op.kind == OpKind::kWriteFromLocal;
       const uint64_t all_parts = parts + (notice ? 1 : 0);
       if (all_parts > 1) transfer->expect_parts(i, static_cast<uint32_t>(all_parts));
@@ -238,6 +280,9 @@ class IbverbsBackend final : public Backend {
   std::atomic<bool> stopping_{false};
   // Owner side: what the queue pairs held for readers count.
   ResponderCounts responders_;
+  // Reader side: work requests made for reads and writes (info()).
+  std::atomic<uint64_t> work_requests_{0};
+  std::atomic<uint64_t> gathering_work_requests_{0};
 
   // Owner side: the buffers' registrations and the access granted to them.
   // Declared after device_: destroyed before it.

@@ -51,7 +51,9 @@ Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const
   init.qp_type = IBV_QPT_RC;
   init.cap.max_send_wr = qp->depth_;
   init.cap.max_recv_wr = std::max<uint32_t>(receive_depth, 1);
-  init.cap.max_send_sge = 1;  // no work request gathers more (an inline SEND gathers on the stack)
+  // An inline SEND gathers on the stack; a READ or WRITE, the chunk's pieces.
+  init.cap.max_send_sge = std::clamp<uint32_t>(
+      shape.send_sge, 1, static_cast<uint32_t>(std::max(device.attr().max_sge, 1)));
   init.cap.max_recv_sge = 1;
   init.sq_sig_all = 0;
   init.cap.max_inline_data = shape.inline_bytes;

@@ -36,6 +36,9 @@ class QueuePair {
     // Bytes a SEND may carry in its work request (IBV_SEND_INLINE), asked
     // for; the pair gets what the device grants, or none (inline_bytes()).
     uint32_t inline_bytes = 0;
+    // Local pieces one work request gathers (a write's) or scatters into (a
+    // read's): at most the device's max_sge.
+    uint32_t send_sge = 1;
   };
   // Completion queues and a queue pair in INIT, allowing the peer
   // `shape.remote_access` into memory registered for it.

@@ -23,14 +23,17 @@ using testing::find_not;
 
 // `count` ranges of the given lengths (cycled), laid out apart from each
 // other on both sides in shuffled orders, so that neither side's offsets
-// follow the list's order. Returns the ranges and how much room each side
-// needs.
+// follow the list's order; or, with `remote_run`, end to end in remote
+// memory in the list's order (one run that a transport may move as one
+// piece, scattered only locally). Returns the ranges and how much room each
+// side needs.
 struct Layout {
   std::vector<OpRange> ranges;
   uint64_t remote_span = 0;
   uint64_t local_span = 0;
 };
-Layout scattered_layout(size_t count, std::initializer_list<uint64_t> lengths, uint32_t seed) {
+Layout scattered_layout(size_t count, std::initializer_list<uint64_t> lengths, uint32_t seed,
+                        bool remote_run = false) {
   const std::vector<uint64_t> cycle(lengths);
   Layout l;
   l.ranges.resize(count);
@@ -40,11 +43,12 @@ Layout scattered_layout(size_t count, std::initializer_list<uint64_t> lengths, u
   std::vector<size_t> remote_order(count), local_order(count);
   std::iota(remote_order.begin(), remote_order.end(), 0);
   std::iota(local_order.begin(), local_order.end(), 0);
-  std::shuffle(remote_order.begin(), remote_order.end(), rng);
+  if (!remote_run) std::shuffle(remote_order.begin(), remote_order.end(), rng);
   std::shuffle(local_order.begin(), local_order.end(), rng);
+  const uint64_t remote_gap = remote_run ? 0 : 3;  // before each
   for (size_t k : remote_order) {
-    l.ranges[k].remote_offset = l.remote_span + 3;  // a gap before each
-    l.remote_span += l.ranges[k].length + 3;
+    l.ranges[k].remote_offset = l.remote_span + remote_gap;
+    l.remote_span += l.ranges[k].length + remote_gap;
   }
   for (size_t k : local_order) {
     l.ranges[k].local_offset = l.local_span + 5;
@@ -70,6 +74,7 @@ struct LayoutCase {
   const char* what;
   size_t count;
   std::initializer_list<uint64_t> lengths;
+  bool remote_run = false;
 };
 const LayoutCase kLayoutCases[] = {
     {"one range", 1, {1000}},
@@ -77,6 +82,9 @@ const LayoutCase kLayoutCases[] = {
     {"pages", 256, {4096}},
     // About 10 KB in 5000 ranges: one chunk, cut into requests at 4096.
     {"more ranges than one request carries", 5000, {1, 2, 3}},
+    // Over ibverbs: work requests that each gather (or scatter into) many
+    // local pieces, more pieces than one takes.
+    {"a remote run into local pieces", 300, {4096, 1, 700}, true},
 };
 
 class RangesTest : public ConformanceTest {};
@@ -91,7 +99,7 @@ TEST_P(RangesTest, ScatteredReadsLandWhereTheirRangesSay) {
   ASSERT_NE(reader, nullptr);
   for (const LayoutCase& c : kLayoutCases) {
     SCOPED_TRACE(c.what);
-    Layout l = scattered_layout(c.count, c.lengths, static_cast<uint32_t>(c.count));
+    Layout l = scattered_layout(c.count, c.lengths, static_cast<uint32_t>(c.count), c.remote_run);
     Owned o = own(l.remote_span + 11, 31);
     LocalMemory dst = with_sentinel(l.local_span + 7);
     const std::vector<std::byte> before = bytes(dst).vector();
@@ -115,7 +123,8 @@ TEST_P(RangesTest, ScatteredWritesLandWhereTheirRangesSay) {
   ASSERT_NE(reader, nullptr);
   for (const LayoutCase& c : kLayoutCases) {
     SCOPED_TRACE(c.what);
-    Layout l = scattered_layout(c.count, c.lengths, static_cast<uint32_t>(c.count) + 1);
+    Layout l =
+        scattered_layout(c.count, c.lengths, static_cast<uint32_t>(c.count) + 1, c.remote_run);
     Owned o = own(l.remote_span + 11, 41);
     LocalMemory src = with_pattern(l.local_span + 7, 42);
     const std::vector<std::byte> before = snapshot(o.memory);
