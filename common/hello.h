@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "rdmabuf/status.h"
 #include "rdmabuf/transfer.h"
@@ -40,6 +42,15 @@ struct Hello {
 Result<uint64_t> exchange_hello(int fd, const Hello& hello, Deadline deadline, int stop_fd = -1);
 
 constexpr size_t kHelloBytes = 24;
+constexpr size_t kHelloReplyBytes = 24;  // then the message
+
+// The same in pieces, for a caller that does not block: the hello's bytes;
+// from a reply's fixed part, how many message bytes follow (or
+// kProtocolError); and from the whole reply, what exchange_hello returns.
+std::vector<uint8_t> encode_hello(const Hello& hello);
+Result<uint32_t> hello_reply_message_bytes(const uint8_t (&fixed)[kHelloReplyBytes]);
+Result<uint64_t> check_hello_reply(const uint8_t (&fixed)[kHelloReplyBytes],
+                                   std::string_view message, const Hello& hello);
 
 // Listener side: reads and validates a hello. kProtocolError for bytes that
 // are not an rdmabuf hello or name an unknown version.

@@ -243,37 +243,68 @@ Status wait_fd(int fd, short events, Deadline deadline, int stop_fd) {
 }
 
 Result<Fd> connect_tcp(const HostPort& where, Deadline deadline, int stop_fd) {
-  RDMABUF_ASSIGN_OR_RETURN(AddrInfoPtr ai, resolve(where, false));
-  Status last = Unavailable("no address for " + where.to_string());
-  for (addrinfo* p = ai.get(); p; p = p->ai_next) {
+  RDMABUF_ASSIGN_OR_RETURN(TcpConnecting connecting, TcpConnecting::begin(where));
+  for (;;) {
+    // kUnavailable: the socket erred, which advance() takes as that
+    // address's failure.
+    Status st = wait_fd(connecting.fd(), POLLOUT, deadline, stop_fd);
+    if (!st.ok() && st.code() != StatusCode::kUnavailable) {
+      return Status(st.code(), "cannot connect to " + where.to_string() + ": " + st.message());
+    }
+    RDMABUF_ASSIGN_OR_RETURN(std::optional<Fd> connected, connecting.advance());
+    if (connected) return std::move(*connected);
+  }
+}
+
+void TcpConnecting::AddrInfoDeleter::operator()(addrinfo* ai) const {
+  freeaddrinfo(ai);
+}
+
+Result<TcpConnecting> TcpConnecting::begin(const HostPort& where) {
+  RDMABUF_ASSIGN_OR_RETURN(AddrInfoPtr resolved, resolve(where, false));
+  TcpConnecting c;
+  c.where_ = where;
+  c.addresses_.reset(resolved.release());
+  c.next_ = c.addresses_.get();
+  c.last_ = Unavailable("no address for " + where.to_string());
+  RDMABUF_RETURN_IF_ERROR(c.start_next());
+  return c;
+}
+
+Status TcpConnecting::start_next() {
+  fd_.reset();
+  for (; next_ != nullptr; next_ = next_->ai_next) {
+    const addrinfo* p = next_;
     Fd fd(::socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, p->ai_protocol));
     if (!fd.valid()) {
-      last = Unavailable("socket: " + errno_text(errno));
+      last_ = Unavailable("socket: " + errno_text(errno));
       continue;
     }
-    if (::connect(fd.get(), p->ai_addr, p->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        last = Unavailable("cannot connect to " + where.to_string() + ": " + errno_text(errno));
-        continue;
-      }
-      Status st = wait_fd(fd.get(), POLLOUT, deadline, stop_fd);
-      if (!st.ok()) {
-        last = Status(st.code(), "cannot connect to " + where.to_string() + ": " + st.message());
-        if (st.code() != StatusCode::kUnavailable) return last;
-        continue;
-      }
-      int err = 0;
-      socklen_t len = sizeof err;
-      getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) {
-        last = Unavailable("cannot connect to " + where.to_string() + ": " + errno_text(err));
-        continue;
-      }
+    if (::connect(fd.get(), p->ai_addr, p->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      last_ = Unavailable("cannot connect to " + where_.to_string() + ": " + errno_text(errno));
+      continue;
     }
-    tune_data_socket(fd.get());
-    return fd;
+    next_ = p->ai_next;
+    fd_ = std::move(fd);
+    return Status::Ok();
   }
-  return last;
+  return last_;
+}
+
+Result<std::optional<Fd>> TcpConnecting::advance() {
+  pollfd p{fd_.get(), POLLOUT, 0};
+  if (::poll(&p, 1, 0) <= 0) return std::optional<Fd>();  // not yet (or EINTR)
+  int err = 0;
+  socklen_t len = sizeof err;
+  ::getsockopt(fd_.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err == 0 && (p.revents & POLLERR) == 0) {
+    tune_data_socket(fd_.get());
+    return std::optional<Fd>(std::move(fd_));
+  }
+  last_ = Unavailable("cannot connect to " + where_.to_string() + ": " +
+                      (err != 0 ? errno_text(err) : std::string("socket error")));
+  RDMABUF_RETURN_IF_ERROR(start_next());
+  return std::optional<Fd>();
 }
 
 Status send_exact(int fd, const void* data, size_t size, Deadline deadline, int stop_fd) {

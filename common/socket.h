@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -15,6 +17,8 @@
 
 #include "rdmabuf/status.h"
 #include "rdmabuf/transfer.h"
+
+struct addrinfo;
 
 namespace rdmabuf {
 
@@ -66,6 +70,36 @@ Result<HostPort> peer_address(int fd);
 // non-blocking, TCP_NODELAY, close-on-exec. kUnavailable on refusal,
 // unreachable hosts or name lookup failure; kDeadlineExceeded on timeout.
 Result<Fd> connect_tcp(const HostPort& where, Deadline deadline, int stop_fd = -1);
+
+// connect_tcp for a caller that does not block (an event loop): begin()
+// starts connecting to the first address of `where`; whenever fd() turns
+// writable (or errs), advance() says whether it is connected, or has moved
+// on to the next address (fd() then is another socket), or has failed on
+// every address.
+class TcpConnecting {
+ public:
+  // kUnavailable when the name does not resolve or no address can even be
+  // tried.
+  static Result<TcpConnecting> begin(const HostPort& where);
+  int fd() const { return fd_.get(); }
+  // The connected socket, tuned as connect_tcp's; nullopt while still
+  // connecting (also when called before fd() is ready); kUnavailable with
+  // the last address's error once none is left.
+  Result<std::optional<Fd>> advance();
+
+ private:
+  struct AddrInfoDeleter {
+    void operator()(addrinfo* ai) const;
+  };
+  // Starts on addresses from next_ on; kUnavailable when none is left.
+  Status start_next();
+
+  HostPort where_;
+  std::unique_ptr<addrinfo, AddrInfoDeleter> addresses_;
+  addrinfo* next_ = nullptr;  // the address after the one fd_ connects to
+  Fd fd_;
+  Status last_;  // why the previous address failed
+};
 
 // Socket options every rdmabuf data connection gets: no Nagle,
 // non-blocking, and, between two ends on this host (one address, or

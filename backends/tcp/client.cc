@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/futex.h"
 #include "common/hello.h"
 #include "common/log.h"
 #include "common/op_extents.h"
@@ -36,7 +35,12 @@ constexpr uint64_t kDirectRecvMin = 16 << 10;
 constexpr size_t kMaxSendIov = 256;
 constexpr size_t kMaxRecvIov = 256;
 constexpr size_t kMaxSegments = 1024;
-constexpr size_t kScratchBytes = 64 << 10;
+// An open connection with nothing in flight for this long lets go of its
+// buffers (until its next work): idle connections cost little.
+constexpr auto kIdleBufferRelease = std::chrono::seconds(1);
+// Passes a stream makes per run of its loop while work keeps moving, before
+// it lets the loop's other streams run.
+constexpr int kRoundsPerRun = 16;
 // Load counted per request on top of its bytes, so that many tiny ops spread.
 constexpr uint64_t kRequestCost = 256;
 // Batches to one peer smaller than this stay on one stream: splitting them
@@ -107,87 +111,240 @@ std::string owner_refused(uint8_t code, RequestKind kind) {
 
 }  // namespace
 
-Stream::Stream(const PeerContext* peer, int index)
-    : peer_(peer), index_(index), inbox_([this] { run(); }) {}
-
-Stream::~Stream() {
-  stop();
-}
+Stream::Stream(std::shared_ptr<const PeerContext> peer, int index, EventLoop& loop)
+    : peer_(std::move(peer)), index_(index), loop_(loop) {}
 
 void Stream::enqueue(std::vector<Chunk>& chunks, uint64_t cost) {
   load_.fetch_add(cost, std::memory_order_relaxed);
-  if (!inbox_.push(chunks)) {
-    for (Chunk& c : chunks)
-      finish(c, Cancelled("the manager is shutting down"));
-    chunks.clear();
+  {
+    std::lock_guard lock(mu_);
+    if (!stopped_) {
+      for (Chunk& c : chunks)
+        incoming_.push_back(std::move(c));
+      chunks.clear();
+      if (!scheduled_) {
+        scheduled_ = true;
+        loop_.kick(shared_from_this());
+      }
+      return;
+    }
   }
+  for (Chunk& c : chunks)
+    finish(c, Cancelled("the manager is shutting down"));
+  chunks.clear();
 }
 
 void Stream::stop() {
-  for (Chunk& c : inbox_.stop())
+  std::vector<Chunk> left;
+  {
+    std::lock_guard lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    left.swap(incoming_);
+    if (!scheduled_) {
+      scheduled_ = true;
+      loop_.kick(shared_from_this());
+    }
+  }
+  for (Chunk& c : left)
     finish(c, Cancelled("the manager is shutting down"));
 }
 
 bool Stream::idle() {
-  return inbox_.idle();
+  std::lock_guard lock(mu_);
+  return incoming_.empty() && !scheduled_ && !busy_.load(std::memory_order_acquire);
 }
 
-void Stream::run() {
-  if (!rx_) {
-    rx_.reset(new uint8_t[kRxBytes]);
-    scratch_.reset(new uint8_t[kScratchBytes]);
-  }
-  BusyPoll poll(peer_->busy_poll);
-  while (!peer_->stopping->load(std::memory_order_acquire) && !inbox_.stop_requested()) {
-    bool progressed = inbox_.take(pending_);
-    if (!sock_.valid()) {
-      if (pending_.empty()) {
-        if (inbox_.try_exit()) return;
-        continue;
-      }
-      connect();
-      poll.activity();
-      continue;
-    }
-    progressed |= pump_send();
-    if (sock_.valid()) progressed |= pump_recv();
-    if (!sock_.valid()) continue;
-    if (progressed) {
-      poll.activity();
-      continue;
-    }
-    if (poll.spin()) continue;
-    sleep_until_ready();
-  }
-  for (Chunk& c : inbox_.take_all())
+bool Stream::take_incoming() {
+  std::lock_guard lock(mu_);
+  scheduled_ = false;
+  for (Chunk& c : incoming_)
     pending_.push_back(std::move(c));
-  fail_all(StatusCode::kCancelled, "the manager is shutting down");
+  incoming_.clear();
+  return stopped_;
 }
 
-void Stream::connect() {
+void Stream::on_run(EventLoop& loop) {
+  for (int round = 0;; ++round) {
+    if (take_incoming() || peer_->stopping->load(std::memory_order_acquire)) {
+      fail_all(StatusCode::kCancelled, "the manager is shutting down");
+      break;
+    }
+    if (!step()) break;
+    if (round + 1 == kRoundsPerRun) {  // let the loop's other streams run
+      loop.kick(shared_from_this());
+      break;
+    }
+  }
+  if (link_ == Link::kOpen && (!inflight_.empty() || !segs_.empty()) &&
+      Clock::now() - last_io_ >= peer_->stall_timeout) {
+    broken("owner at " + peer_->address.to_string() + " stopped responding for " +
+           std::to_string(peer_->stall_timeout.count()) + " ms");
+  }
+  settle();
+}
+
+bool Stream::step() {
+  switch (link_) {
+    case Link::kClosed:
+      if (pending_.empty()) return false;
+      begin_connect();
+      return true;
+    case Link::kConnecting:
+      return advance_connect();
+    case Link::kGreeting:
+      return advance_greeting();
+    case Link::kOpen: {
+      if (!rx_) rx_.reset(new uint8_t[kRxBytes]);  // let go of while idle
+      bool progressed = pump_send();
+      if (sock_.valid()) progressed |= pump_recv();
+      return progressed;
+    }
+  }
+  return false;
+}
+
+void Stream::settle() {
+  int fd = -1;
+  uint32_t events = 0;
+  Deadline at = Deadline::max();
+  switch (link_) {
+    case Link::kClosed:
+      break;
+    case Link::kConnecting:
+      fd = connecting_->fd();
+      events = EPOLLOUT;
+      at = connect_deadline_;
+      break;
+    case Link::kGreeting:
+      fd = sock_.get();
+      events = EPOLLIN | EPOLLRDHUP;
+      at = connect_deadline_;
+      break;
+    case Link::kOpen:
+      // Readable always: an idle connection notices the owner closing it.
+      fd = sock_.get();
+      events = EPOLLIN | EPOLLRDHUP | (segs_.empty() ? 0u : uint32_t{EPOLLOUT});
+      if (!inflight_.empty() || !segs_.empty()) {
+        at = last_io_ + peer_->stall_timeout;
+      } else if (rx_ && rx_begin_ == rx_end_ && pending_.empty()) {
+        // Idle: the receive buffer goes once it has been idle a while.
+        if (Clock::now() - last_io_ >= kIdleBufferRelease) {
+          rx_.reset();
+          std::vector<uint8_t>().swap(tx_);  // its capacity too
+        } else {
+          at = last_io_ + kIdleBufferRelease;
+        }
+      }
+      break;
+  }
+  auto self = shared_from_this();
+  if (fd >= 0) {
+    Status watched = loop_.watch(self, fd, events);
+    if (!watched.ok()) {
+      fail_all(watched.code(), "connection to " + peer_->address.to_string() +
+                                   " cannot be watched: " + watched.message());
+      at = Deadline::max();
+    }
+  }
+  loop_.wake_at(self, at);
+  busy_.store(link_ != Link::kClosed || !pending_.empty(), std::memory_order_release);
+}
+
+void Stream::begin_connect() {
   // Wait as long as the most patient op, within a cap.
   Deadline latest = Clock::now();
   for (const Chunk& c : pending_)
     latest = std::max(latest, c.transfer->deadline());
-  Deadline deadline = std::min(latest, Clock::now() + kConnectCap);
-  auto fd = connect_tcp(peer_->address, deadline, peer_->stop_fd);
-  if (!fd.ok()) {
-    fail_all(fd.status().code(), fd.status().message());
+  connect_deadline_ = std::min(latest, Clock::now() + kConnectCap);
+  auto connecting = TcpConnecting::begin(peer_->address);
+  if (!connecting.ok()) {
+    fail_all(connecting.status().code(), connecting.status().message());
     return;
   }
-  Hello hello{Channel::kTcpData, peer_->self_id, peer_->owner_id};
-  auto server = exchange_hello(fd->get(), hello, deadline, peer_->stop_fd);
-  if (!server.ok()) {
-    fail_all(server.status().code(),
-             "owner at " + peer_->address.to_string() + ": " + server.status().message());
-    return;
+  connecting_.emplace(std::move(connecting).value());
+  link_ = Link::kConnecting;
+}
+
+bool Stream::advance_connect() {
+  // advance() may close this socket for the next address's: watch neither
+  // until settle() watches whichever is current.
+  loop_.unwatch(connecting_->fd());
+  auto connected = connecting_->advance();
+  if (!connected.ok()) {
+    fail_all(connected.status().code(), connected.status().message());
+    return true;
   }
-  sock_ = std::move(fd).value();
+  if (!connected->has_value()) {
+    if (Clock::now() < connect_deadline_) return false;
+    fail_all(StatusCode::kDeadlineExceeded,
+             "cannot connect to " + peer_->address.to_string() + ": timed out");
+    return true;
+  }
+  sock_ = std::move(**connected);
+  connecting_.reset();
+  link_ = Link::kGreeting;
+  rx_.reset(new uint8_t[kRxBytes]);
   rx_begin_ = rx_end_ = 0;
-  in_payload_ = false;
-  last_io_ = Clock::now();
-  RDMABUF_LOG_DEBUG("tcp stream " + std::to_string(index_) + " connected to " +
-                    peer_->address.to_string());
+  // 24 bytes into the empty send buffer of a new connection go at once.
+  const std::vector<uint8_t> hello =
+      encode_hello(Hello{Channel::kTcpData, peer_->self_id, peer_->owner_id});
+  const ssize_t sent = ::send(sock_.get(), hello.data(), hello.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (sent != static_cast<ssize_t>(hello.size())) {
+    fail_all(StatusCode::kUnavailable,
+             "owner at " + peer_->address.to_string() + ": " +
+                 (sent < 0 ? "send: " + errno_text(errno) : "the hello did not fit"));
+  }
+  return true;
+}
+
+bool Stream::advance_greeting() {
+  const std::string owner = "owner at " + peer_->address.to_string() + ": ";
+  // The reply's fixed part, then its message (as long as the fixed part says).
+  size_t want = kHelloReplyBytes;
+  if (rx_end_ >= kHelloReplyBytes) {
+    auto message =
+        hello_reply_message_bytes(*reinterpret_cast<const uint8_t(*)[kHelloReplyBytes]>(rx_.get()));
+    if (!message.ok()) {
+      fail_all(message.status().code(), owner + message.status().message());
+      return true;
+    }
+    want += *message;
+  }
+  if (rx_end_ == want) {
+    const auto* fixed = reinterpret_cast<const uint8_t(*)[kHelloReplyBytes]>(rx_.get());
+    auto answer = check_hello_reply(
+        *fixed,
+        std::string_view(reinterpret_cast<const char*>(rx_.get()) + kHelloReplyBytes,
+                         want - kHelloReplyBytes),
+        Hello{Channel::kTcpData, peer_->self_id, peer_->owner_id});
+    if (!answer.ok()) {
+      fail_all(answer.status().code(), owner + answer.status().message());
+      return true;
+    }
+    link_ = Link::kOpen;
+    rx_begin_ = rx_end_ = 0;
+    in_payload_ = false;
+    last_io_ = Clock::now();
+    RDMABUF_LOG_DEBUG("tcp stream " + std::to_string(index_) + " connected to " +
+                      peer_->address.to_string());
+    return true;
+  }
+  const ssize_t n = ::recv(sock_.get(), rx_.get() + rx_end_, want - rx_end_, MSG_DONTWAIT);
+  if (n > 0) {
+    rx_end_ += static_cast<size_t>(n);
+    return true;
+  }
+  if (n == 0) {
+    fail_all(StatusCode::kUnavailable, owner + "connection closed by peer");
+  } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+    fail_all(StatusCode::kUnavailable, owner + "recv: " + errno_text(errno));
+  } else if (Clock::now() >= connect_deadline_) {
+    fail_all(StatusCode::kDeadlineExceeded, owner + "no answer to the hello in time");
+  } else {
+    return false;
+  }
+  return true;
 }
 
 void Stream::finish(Chunk& chunk, const Status& status) {
@@ -200,9 +357,16 @@ void Stream::close_connection() {
   segs_.clear();
   tx_.clear();
   tx_head_ = 0;
+  rx_.reset();
   rx_begin_ = rx_end_ = 0;
   in_payload_ = false;
+  // No longer watched before the descriptor closes: its number may come
+  // back for another socket.
+  if (connecting_) loop_.unwatch(connecting_->fd());
+  if (sock_.valid()) loop_.unwatch(sock_.get());
+  connecting_.reset();
   sock_.reset();
+  link_ = Link::kClosed;
 }
 
 void Stream::fail_all(StatusCode code, const std::string& why) {
@@ -511,7 +675,8 @@ bool Stream::read_payload() {
       err = errno;
       c.transfer->end_touch();
     } else {  // cancelled: drain the bytes, never into the caller's memory
-      n = ::recv(sock_.get(), scratch_.get(), std::min<uint64_t>(left, kScratchBytes),
+      const std::span<uint8_t> scratch = loop_.scratch();
+      n = ::recv(sock_.get(), scratch.data(), std::min<uint64_t>(left, scratch.size()),
                  MSG_DONTWAIT);
       err = errno;
     }
@@ -567,36 +732,16 @@ bool Stream::pump_recv() {
   return progressed;
 }
 
-// --- idling -----------------------------------------------------------------
-
-void Stream::sleep_until_ready() {
-  if (!inbox_.prepare_sleep()) {
-    inbox_.after_sleep(false);
-    return;
-  }
-  bool outstanding = !inflight_.empty() || !segs_.empty();
-  int timeout_ms = -1;
-  if (outstanding) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        last_io_ + peer_->stall_timeout - Clock::now());
-    timeout_ms = static_cast<int>(std::max<int64_t>(left.count() + 1, 1));
-  }
-  short sock_events = POLLIN | (segs_.empty() ? 0 : POLLOUT);
-  pollfd fds[3] = {
-      {inbox_.wake_fd(), POLLIN, 0}, {sock_.get(), sock_events, 0}, {peer_->stop_fd, POLLIN, 0}};
-  int rc = ::poll(fds, peer_->stop_fd >= 0 ? 3 : 2, timeout_ms);
-  inbox_.after_sleep(rc > 0 && (fds[0].revents & POLLIN));
-  if (rc == 0 && outstanding && Clock::now() - last_io_ >= peer_->stall_timeout) {
-    broken("owner at " + peer_->address.to_string() + " stopped responding for " +
-           std::to_string(peer_->stall_timeout.count()) + " ms");
-  }
-}
-
 // --- Peer ---------------------------------------------------------------------
 
-Peer::Peer(PeerContext context, int streams) : context_(std::move(context)) {
+Peer::Peer(PeerContext context, int streams, EventLoops& loops)
+    : context_(std::make_shared<const PeerContext>(std::move(context))) {
   for (int i = 0; i < streams; ++i)
-    streams_.push_back(std::make_unique<Stream>(&context_, i));
+    streams_.push_back(std::make_shared<Stream>(context_, i, loops.next()));
+}
+
+Peer::~Peer() {
+  stop();
 }
 
 void Peer::submit(const std::shared_ptr<TransferState>& transfer, std::span<const uint32_t> ops,

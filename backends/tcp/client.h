@@ -1,5 +1,6 @@
 // The reader side of the tcp backend: per peer, a few persistent connections
-// ("streams"), each driven by one I/O thread that pipelines many requests.
+// ("streams"), each driven on one of a fixed set of event loops that
+// pipelines many requests on it. Threads do not grow with peers.
 #pragma once
 
 #include <atomic>
@@ -7,28 +8,26 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backends/tcp/protocol.h"
-#include "common/inbox.h"
+#include "common/event_loop.h"
 #include "common/socket.h"
 #include "rdmabuf/backend.h"
 
 namespace rdmabuf::tcp {
 
-// What every stream to one peer shares. Outlives the streams.
+// What every stream to one peer shares.
 struct PeerContext {
   HostPort address;
   uint64_t owner_id = 0;
   uint64_t self_id = 0;
-  std::chrono::microseconds busy_poll{0};
   std::chrono::milliseconds stall_timeout{0};
-  // Backend-wide shutdown signal: the flag for loops, the eventfd for polls.
+  // Backend-wide shutdown signal.
   const std::atomic<bool>* stopping = nullptr;
-  int stop_fd = -1;
 };
 
 // One request's worth of an op: a whole small op, or one chunk of a large one.
@@ -39,20 +38,21 @@ struct Chunk {
   uint64_t op_offset = 0;  // where its bytes begin in the op's (common/op_extents.h)
   uint64_t length = 0;
   uint64_t cost = 0;  // counted in the stream's load until finished
-  // Set by the stream's thread:
+  // Set on the stream's loop:
   uint64_t request_id = 0;
   uint64_t moved = 0;           // read: payload bytes received
   bool payload_unsent = false;  // write: payload not yet fully sent from `local`
 };
 
-// One TCP connection to a peer and the thread that drives it. The thread
-// starts on the first enqueue, connects, and exits when the connection is
-// gone and no work is left; the next enqueue starts it again. So a peer that
-// restarts costs only the ops in flight when it went away.
-class Stream {
+// One TCP connection to a peer, driven on one event loop that it shares
+// with other streams. The first work connects it (without blocking the
+// loop), and requests are pipelined on it; an idle stream keeps its
+// connection, watched for the owner closing it, and costs no thread. A
+// broken connection fails the ops it carried, and the next work connects
+// again: a peer that restarts costs only the ops in flight when it went away.
+class Stream final : public LoopTask, public std::enable_shared_from_this<Stream> {
  public:
-  Stream(const PeerContext* peer, int index);
-  ~Stream();
+  Stream(std::shared_ptr<const PeerContext> peer, int index, EventLoop& loop);
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
@@ -60,13 +60,25 @@ class Stream {
   void enqueue(std::vector<Chunk>& chunks, uint64_t cost);
   // Bytes (plus a per-request cost) queued or in flight: where new work goes.
   uint64_t load() const { return load_.load(std::memory_order_relaxed); }
-  // Joins the thread; every chunk not finished is completed with kCancelled.
-  // Call after the backend's stopping flag is set.
+  // Every chunk not finished completes with kCancelled: those not yet on
+  // the loop here, the others on the loop's next run of the stream (at the
+  // latest as the loop stops), which also closes the connection. Later
+  // enqueues fail at once.
   void stop();
-  // True when no thread runs and no work waits (the connection is closed).
+  // True when no work waits and no connection is open.
   bool idle();
 
+  void on_run(EventLoop& loop) override;
+
  private:
+  // Where the connection stands; a stream's loop moves it along.
+  enum class Link : uint8_t {
+    kClosed,      // no socket; work connects it
+    kConnecting,  // connecting_ waits for the socket to connect
+    kGreeting,    // hello sent on sock_; its reply arrives in rx_
+    kOpen,        // requests flow
+  };
+
   struct TxSegment {
     const std::byte* external;  // null: the next `size` bytes of the tx arena
     Chunk* chunk;               // owner of an external segment
@@ -75,8 +87,16 @@ class Stream {
     bool last = true;  // the chunk's last segment: its payload is sent with it
   };
 
-  void run();
-  void connect();
+  // Moves what was enqueued to pending_; true once stop() was called.
+  bool take_incoming();
+  // One pass at whatever the connection needs; false when nothing moved.
+  bool step();
+  void begin_connect();
+  bool advance_connect();
+  bool advance_greeting();
+  // Watches the socket and sets the stall or connect timer as the link
+  // stands; publishes busy_.
+  void settle();
   void encode();
   bool pump_send();
   bool pump_recv();
@@ -84,11 +104,10 @@ class Stream {
   void advance_tx(size_t sent);
   void on_response(const ResponseHeader& h);
   bool read_payload();
-  void sleep_until_ready();
   void finish(Chunk& chunk, const Status& status);
   // Closes the connection and forgets what was sent or received on it.
   void close_connection();
-  // Fails every chunk the thread holds with `why` and closes the connection.
+  // Fails every chunk the stream holds with `why` and closes the connection.
   void fail_all(StatusCode code, const std::string& why);
   void broken(const std::string& why) { fail_all(StatusCode::kUnavailable, why); }
   // The owner said goodbye (it closes idle connections to make room): the
@@ -96,43 +115,54 @@ class Stream {
   void start_over();
   void protocol_error(const std::string& why) { fail_all(StatusCode::kProtocolError, why); }
 
-  const PeerContext* peer_;
+  const std::shared_ptr<const PeerContext> peer_;
   const int index_;
+  EventLoop& loop_;
   std::atomic<uint64_t> load_{0};
 
-  Inbox<Chunk> inbox_;  // shared with submitters; starts and stops the thread
+  // Shared with submitters, under mu_.
+  std::mutex mu_;
+  std::vector<Chunk> incoming_;
+  bool scheduled_ = false;  // kicked, and not yet run since
+  bool stopped_ = false;
+  std::atomic<bool> busy_{false};  // the loop holds work or a connection
 
-  // The thread's own state.
+  // The loop's own state.
+  Link link_ = Link::kClosed;
+  std::optional<TcpConnecting> connecting_;
+  Deadline connect_deadline_{};  // for connecting and greeting
   Fd sock_;
-  std::deque<Chunk> pending_;   // not yet encoded
-  std::deque<Chunk> inflight_;  // encoded, in request order, awaiting replies
-  std::vector<uint8_t> tx_;     // encoded headers and small payloads
-  size_t tx_head_ = 0;          // first unsent byte of tx_
-  std::deque<TxSegment> segs_;  // what to send, in order
-  std::unique_ptr<uint8_t[]> rx_;
+  std::deque<Chunk> pending_;      // not yet encoded
+  std::deque<Chunk> inflight_;     // encoded, in request order, awaiting replies
+  std::vector<uint8_t> tx_;        // encoded headers and small payloads
+  size_t tx_head_ = 0;             // first unsent byte of tx_
+  std::deque<TxSegment> segs_;     // what to send, in order
+  std::unique_ptr<uint8_t[]> rx_;  // while a connection is open and not long idle
   size_t rx_begin_ = 0, rx_end_ = 0;
   bool in_payload_ = false;  // inflight_.front() is a read whose payload is arriving
   uint64_t next_request_id_ = 1;
   Clock::time_point last_io_;
-  std::unique_ptr<uint8_t[]> scratch_;  // where payloads of cancelled reads go
 };
 
 // All streams to one peer manager.
 class Peer {
  public:
-  Peer(PeerContext context, int streams);
+  // The streams go to the loops in turn.
+  Peer(PeerContext context, int streams, EventLoops& loops);
+  ~Peer();
   // Cuts the ops into chunks of at most `chunk_size` (and kMaxRequestRanges
   // ranges) and spreads them over the streams by load. Declares the part
   // counts on `transfer`.
   void submit(const std::shared_ptr<TransferState>& transfer, std::span<const uint32_t> ops,
               uint64_t chunk_size);
+  // Stream::stop on each.
   void stop();
   // True when every stream is idle: the peer can be forgotten.
   bool idle();
 
  private:
-  PeerContext context_;
-  std::vector<std::unique_ptr<Stream>> streams_;
+  std::shared_ptr<const PeerContext> context_;
+  std::vector<std::shared_ptr<Stream>> streams_;
 };
 
 }  // namespace rdmabuf::tcp

@@ -8,7 +8,9 @@
 
 #include "backends/tcp/client.h"
 #include "backends/tcp/server.h"
+#include "common/event_loop.h"
 #include "common/hello.h"
+#include "common/io_pool.h"
 #include "common/op_text.h"
 #include "common/strings.h"
 
@@ -86,9 +88,16 @@ class TcpBackend final : public Backend {
   void shutdown() override {
     stopping_.store(true);
     signal_eventfd(stop_fd_.get());
-    std::lock_guard lock(peers_mu_);
-    for (auto& [id, peer] : peers_)
-      peer->stop();
+    EventLoops* loops = nullptr;
+    {
+      std::lock_guard lock(peers_mu_);
+      for (auto& [id, peer] : peers_)
+        peer->stop();
+      loops = loops_.get();
+    }
+    // Outside the lock: a transfer that finishes on a loop may call back
+    // into submit(). The loops run the streams' stops before they end.
+    if (loops) loops->stop();
   }
 
  private:
@@ -107,11 +116,13 @@ class TcpBackend final : public Backend {
     context.address = std::move(address);
     context.owner_id = remote.owner().manager_id;
     context.self_id = env_.self.manager_id;
-    context.busy_poll = env_.config.busy_poll;
     context.stall_timeout = env_.config.io_stall_timeout;
     context.stopping = &stopping_;
-    context.stop_fd = stop_fd_.get();
-    auto peer = std::make_shared<Peer>(std::move(context), env_.config.tcp_streams);
+    if (!loops_) {  // a process that only owns buffers never starts them
+      RDMABUF_ASSIGN_OR_RETURN(loops_, EventLoops::create(io_threads_for(env_.config.io_threads),
+                                                          env_.config.busy_poll));
+    }
+    auto peer = std::make_shared<Peer>(std::move(context), env_.config.tcp_streams, *loops_);
     peers_.emplace(std::move(key), peer);
     return peer;
   }
@@ -131,7 +142,10 @@ class TcpBackend final : public Backend {
   std::atomic<bool> stopping_{false};
   std::mutex peers_mu_;
   using PeerKey = std::pair<uint64_t, std::string>;
+  // Guarded by peers_mu_ (loops_ is made once, on the first peer, and
+  // stays until the backend is destroyed).
   std::map<PeerKey, std::shared_ptr<Peer>> peers_;
+  std::unique_ptr<EventLoops> loops_;  // the streams' threads
 };
 
 }  // namespace

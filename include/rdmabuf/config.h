@@ -86,8 +86,9 @@ struct Config {
   int max_connections = 0;
 
   // RDMABUF_IO_THREADS. Threads that serve every inbound tcp data
-  // connection, however many peers there are. 0: as many as the cores,
-  // within 4..16.
+  // connection, and as many that drive every outbound one (the tcp loops,
+  // started on the first op over tcp), however many peers there are. 0: as
+  // many as the cores, within 4..16.
   int io_threads = 0;
 
   // RDMABUF_LEND_LIMIT (K/M/G suffixes). Bytes this manager lends at once

@@ -221,15 +221,15 @@ TEST_P(HostileOwnerTest, FailsWithinTheTimeoutAndTheReaderGoesOn) {
   }
 
   // The reader goes on with a genuine owner, and holds no more descriptors
-  // than before, but for one per hostile owner: the idle state it keeps of
-  // each peer (one stream's wake-up eventfd; forgotten once 64 peers are
-  // known, see ManyShortLivedHostileOwners). Their connections are closed.
+  // than before, within a little slack: the hostile owners' connections are
+  // closed (an idle peer keeps no descriptor; its state is forgotten once
+  // 64 peers are known, see ManyShortLivedHostileOwners).
   Status s = reader->read_into(genuine->handle(0), dst, kTimeout);
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(find_mismatch(dst.span(), 31), std::nullopt);
   size_t fds_after = open_fds();
   for (int i = 0; i < 100 && fds_after > fds_before + 3; ++i) {
-    std::this_thread::sleep_for(20ms);  // connection threads let go as they notice
+    std::this_thread::sleep_for(20ms);  // the loops let go as they notice
     fds_after = open_fds();
   }
   EXPECT_LE(fds_after, fds_before + 3) << "file descriptors leaked";

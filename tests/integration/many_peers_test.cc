@@ -10,11 +10,16 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "backends/tcp/protocol.h"
 #include "common/socket.h"
+#include "tests/helpers/forge.h"
 #include "tests/helpers/raw_tcp.h"
 #include "tests/integration/integration.h"
 
@@ -284,6 +289,104 @@ TEST(ManyPeersTest, MoreBusyConnectionsThanTheLimit) {
   EXPECT_EQ(find_mismatch(dst.span(), 101), std::nullopt);
   expect_clean_exit(*limited);
   expect_clean_exit(*open);
+}
+
+// A thread's name for each thread of this process.
+std::vector<std::string> thread_names() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names.push_back(name);
+  }
+  return names;
+}
+
+// One reader of many owners: its tcp streams (four per owner) run on its
+// fixed event loops, so its threads do not grow with the owners it reads;
+// every byte is checked, also after the connections idled.
+TEST(ManyPeersTest, AReadersThreadsDoNotGrowWithTheOwnersItReads) {
+  constexpr int kOwners = 48;
+  constexpr int kLoops = 3;
+  constexpr uint64_t kSize = 256 << 10;
+  std::vector<std::unique_ptr<Manager>> owners;
+  std::vector<LocalMemory> memories;
+  std::vector<RemoteBuffer> handles;
+  for (int i = 0; i < kOwners; ++i) {
+    owners.push_back(make_manager([](Config& c) { c.io_threads = 1; }));
+    ASSERT_NE(owners.back(), nullptr);
+    memories.push_back(with_pattern(kSize, 500 + i));
+    auto h = owners.back()->register_buffer(memories.back());
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(*h);
+  }
+  auto reader = make_manager([](Config& c) {
+    c.io_threads = kLoops;
+    c.tcp_streams = 4;
+  });
+  ASSERT_NE(reader, nullptr);
+  const int threads_before = threads_of(::getpid());
+  std::vector<LocalMemory> dsts;
+  std::vector<Op> ops;
+  for (int i = 0; i < kOwners; ++i) {
+    dsts.push_back(with_sentinel(kSize));
+    ops.push_back(Op::read(handles[i], dsts.back()));
+  }
+  Transfer t = reader->submit(ops, kTimeout);
+  ASSERT_TRUE(t.wait().ok()) << t.status().to_string();
+  for (int i = 0; i < kOwners; ++i)
+    ASSERT_EQ(find_mismatch(dsts[i].span(), 500 + i), std::nullopt) << "owner " << i;
+  // Again once the connections have idled long enough to let go of their
+  // buffers (a second): the same connections take it up again.
+  std::this_thread::sleep_for(1200ms);
+  for (LocalMemory& dst : dsts)
+    std::memset(dst.data(), 0, dst.size());
+  Transfer again = reader->submit(std::move(ops), kTimeout);
+  ASSERT_TRUE(again.wait().ok()) << again.status().to_string();
+  for (int i = 0; i < kOwners; ++i)
+    ASSERT_EQ(find_mismatch(dsts[i].span(), 500 + i), std::nullopt) << "owner " << i << ", again";
+  const auto names = thread_names();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "rdmabuf-loop"), kLoops);
+  // The loops, and nothing that grows with the 192 streams.
+  EXPECT_LE(threads_of(::getpid()) - threads_before, kLoops + 2)
+      << "the reader's threads grew with the owners it reads";
+}
+
+// Streams share a loop, and one whose owner never answers its hello (a
+// listener that never accepts) holds up no other: a read from a genuine
+// owner on the same single loop completes at once, and the silent one ends
+// at its own deadline.
+TEST(ManyPeersTest, AnOwnerThatNeverAnswersHoldsUpNoOtherStreamOnItsLoop) {
+  constexpr uint64_t kSize = 64 << 10;
+  auto genuine = make_manager();
+  ASSERT_NE(genuine, nullptr);
+  LocalMemory memory = with_pattern(kSize, 601);
+  auto handle = genuine->register_buffer(memory);
+  ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+  auto silent = listen_tcp(HostPort{"127.0.0.1", 0}, 16);  // never accepts
+  ASSERT_TRUE(silent.ok()) << silent.status().to_string();
+  auto silent_handle = with_address(*handle, local_address(silent->get())->to_string());
+  ASSERT_TRUE(silent_handle.ok()) << silent_handle.status().to_string();
+  auto reader = make_manager([](Config& c) {
+    c.io_threads = 1;
+    c.tcp_streams = 1;
+  });
+  ASSERT_NE(reader, nullptr);
+
+  LocalMemory stuck = with_sentinel(kSize);
+  Transfer waiting = reader->submit({Op::read(*silent_handle, stuck)}, 3000ms);
+  std::this_thread::sleep_for(100ms);  // connected, and greeting
+  LocalMemory dst = with_sentinel(kSize);
+  Status s;
+  const auto took = timed([&] { s = reader->read_into(*handle, dst, kTimeout); });
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(find_mismatch(dst.span(), 601), std::nullopt);
+  EXPECT_LT(took, 1s) << "a stream waiting on a silent owner held up the loop";
+  EXPECT_FALSE(waiting.done());
+  EXPECT_EQ(waiting.wait().code(), StatusCode::kDeadlineExceeded) << waiting.status().to_string();
+  EXPECT_EQ(find_not(stuck.span(), kSentinel), std::nullopt);
 }
 
 }  // namespace

@@ -1,0 +1,201 @@
+#include "common/event_loop.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "common/log.h"
+
+namespace rdmabuf {
+namespace {
+
+// Events taken from the kernel per epoll_wait.
+constexpr int kEventsPerWait = 64;
+
+}  // namespace
+
+Result<std::unique_ptr<EventLoop>> EventLoop::create(std::chrono::microseconds busy_poll) {
+  Fd epoll(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll.valid()) return Internal("epoll_create1: " + errno_text(errno));
+  RDMABUF_ASSIGN_OR_RETURN(Fd wake, make_eventfd());
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wake.get();
+  if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) {
+    return Internal("epoll_ctl: " + errno_text(errno));
+  }
+  std::unique_ptr<EventLoop> loop(new EventLoop(std::move(epoll), std::move(wake), busy_poll));
+  loop->thread_ = std::thread([l = loop.get()] { l->run(); });
+  return loop;
+}
+
+EventLoop::EventLoop(Fd epoll, Fd wake, std::chrono::microseconds busy_poll)
+    : epoll_(std::move(epoll)), wake_(std::move(wake)), busy_poll_(busy_poll) {}
+
+EventLoop::~EventLoop() {
+  stop();
+}
+
+void EventLoop::kick(std::shared_ptr<LoopTask> task) {
+  bool wake = false;
+  {
+    std::lock_guard lock(mu_);
+    if (ended_) return;  // nothing would run it
+    kicked_.push_back(std::move(task));
+    wake = sleeping_.load(std::memory_order_seq_cst);
+  }
+  if (wake) signal_eventfd(wake_.get());
+}
+
+void EventLoop::unwatch(int fd) {
+  auto it = watched_.find(fd);
+  if (it == watched_.end()) return;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  watched_.erase(it);
+}
+
+Status EventLoop::watch(const std::shared_ptr<LoopTask>& task, int fd, uint32_t events) {
+  auto it = watched_.find(fd);
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  if (it == watched_.end()) {
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return ResourceExhausted("epoll_ctl: " + errno_text(errno));
+    }
+    watched_.emplace(fd, Watch{task, events});
+    return Status::Ok();
+  }
+  if (it->second.events != events) {
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &ev) != 0) {
+      return ResourceExhausted("epoll_ctl: " + errno_text(errno));
+    }
+    it->second.events = events;
+  }
+  it->second.task = task;
+  return Status::Ok();
+}
+
+void EventLoop::wake_at(const std::shared_ptr<LoopTask>& task, Deadline at) {
+  auto it = timer_of_.find(task.get());
+  if (it != timer_of_.end()) {
+    if (it->second.first == at) return;
+    timers_.erase({it->second.first, task.get()});
+    timer_of_.erase(it);
+  }
+  if (at == Deadline::max()) return;
+  timers_.emplace(at, task.get());
+  timer_of_.emplace(task.get(), std::pair{at, task});
+}
+
+void EventLoop::run_task(const std::shared_ptr<LoopTask>& task) {
+  wake_at(task, Deadline::max());
+  task->on_run(*this);
+}
+
+bool EventLoop::run_kicked() {
+  std::vector<std::shared_ptr<LoopTask>> kicked;
+  {
+    std::lock_guard lock(mu_);
+    kicked.swap(kicked_);
+  }
+  for (const auto& task : kicked)
+    run_task(task);
+  return !kicked.empty();
+}
+
+bool EventLoop::run_timers() {
+  bool ran = false;
+  const Deadline now = Clock::now();
+  while (!timers_.empty() && timers_.begin()->first <= now) {
+    std::shared_ptr<LoopTask> task = timer_of_.at(timers_.begin()->second).second;
+    run_task(task);  // cancels the time first
+    ran = true;
+  }
+  return ran;
+}
+
+int EventLoop::sleep_ms() const {
+  if (timers_.empty()) return -1;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(timers_.begin()->first - Clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+}
+
+void EventLoop::run() {
+  pthread_setname_np(pthread_self(), "rdmabuf-loop");
+  Clock::time_point active = Clock::now();
+  epoll_event events[kEventsPerWait];
+  for (;;) {
+    bool ran = run_kicked();
+    ran |= run_timers();
+    const Clock::time_point now = Clock::now();
+    if (ran) active = now;
+    const bool spinning = busy_poll_.count() > 0 && now - active < busy_poll_;
+    int timeout = spinning ? 0 : sleep_ms();
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_ && kicked_.empty()) {
+        ended_ = true;
+        break;
+      }
+      if (!kicked_.empty()) timeout = 0;
+      // Set under the lock: a kick after this sees it and signals.
+      sleeping_.store(timeout != 0, std::memory_order_seq_cst);
+    }
+    const int n = ::epoll_wait(epoll_.get(), events, kEventsPerWait, timeout);
+    sleeping_.store(false, std::memory_order_relaxed);
+    if (n < 0 && errno != EINTR) {
+      RDMABUF_LOG_ERROR("event loop: epoll_wait: " + errno_text(errno));
+      continue;
+    }
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_.get()) {
+        drain_eventfd(fd);
+        continue;
+      }
+      auto it = watched_.find(fd);
+      if (it == watched_.end()) continue;  // no longer watched by an earlier run of this batch
+      std::shared_ptr<LoopTask> task = it->second.task;
+      run_task(task);
+      active = Clock::now();
+    }
+    if (n == 0 && spinning) sched_yield();
+  }
+}
+
+void EventLoop::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  signal_eventfd(wake_.get());
+  if (thread_.joinable()) thread_.join();
+  watched_.clear();
+  timers_.clear();
+  timer_of_.clear();
+}
+
+Result<std::unique_ptr<EventLoops>> EventLoops::create(int threads,
+                                                       std::chrono::microseconds busy_poll) {
+  auto loops = std::make_unique<EventLoops>();
+  for (int i = 0; i < std::max(threads, 1); ++i) {
+    RDMABUF_ASSIGN_OR_RETURN(auto loop, EventLoop::create(busy_poll));
+    loops->loops_.push_back(std::move(loop));
+  }
+  return loops;
+}
+
+EventLoop& EventLoops::next() {
+  return *loops_[turn_.fetch_add(1, std::memory_order_relaxed) % loops_.size()];
+}
+
+void EventLoops::stop() {
+  for (auto& loop : loops_)
+    loop->stop();
+}
+
+}  // namespace rdmabuf

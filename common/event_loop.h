@@ -1,0 +1,124 @@
+// A fixed set of single-threaded event loops that drive many tasks: each
+// task is pinned to one loop, and every call into it runs on that loop's
+// thread, one at a time, so a task's state needs no lock. Other threads
+// reach a task only through kick(). The number of threads does not grow
+// with the number of tasks (a reader's tcp streams to hundreds of owners
+// share them).
+#pragma once
+
+#include <sys/epoll.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/socket.h"
+#include "rdmabuf/transfer.h"
+
+namespace rdmabuf {
+
+class EventLoop;
+
+// Work pinned to one loop. The loop holds a reference while the task is
+// kicked, watches a descriptor for it, or keeps a timer for it.
+class LoopTask {
+ public:
+  virtual ~LoopTask() = default;
+  // On the loop's thread: after a kick, when a watched descriptor is ready,
+  // or once the time given to wake_at() has come. May find nothing to do.
+  virtual void on_run(EventLoop& loop) = 0;
+};
+
+class EventLoop {
+ public:
+  // The loop's thread starts at once. After activity it keeps polling for
+  // `busy_poll` (yielding the CPU between polls) before it sleeps.
+  static Result<std::unique_ptr<EventLoop>> create(std::chrono::microseconds busy_poll);
+  ~EventLoop();
+  EventLoop(const EventLoop&) = delete;
+  EventLoop& operator=(const EventLoop&) = delete;
+
+  // Any thread: runs the task's on_run soon, on the loop's thread. After
+  // stop(), runs it once more as the loop ends, then never again.
+  void kick(std::shared_ptr<LoopTask> task);
+
+  // The loop's thread only (from on_run). Watches `fd` for `events`
+  // (EPOLLIN, EPOLLOUT; level-triggered) on behalf of `task`. Fails only
+  // when the kernel refuses the watch (out of memory).
+  Status watch(const std::shared_ptr<LoopTask>& task, int fd, uint32_t events);
+  // Stops watching `fd` (if it is); must come before the descriptor closes.
+  void unwatch(int fd);
+  // Runs the task at `at` unless it runs before; every run cancels the
+  // time, so a task that still wants one sets it again. Deadline::max():
+  // no time.
+  void wake_at(const std::shared_ptr<LoopTask>& task, Deadline at);
+  // 64 KiB the running task may use until it returns (contents not kept).
+  std::span<uint8_t> scratch() { return {scratch_.get(), kScratchBytes}; }
+  // Whether the calling thread is this loop's.
+  bool on_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+  // Runs what was kicked before, joins the thread and lets go of every
+  // task; later kicks are dropped. Tasks must have closed what they watch
+  // (their own stop signal). Not on the loop's thread.
+  void stop();
+
+ private:
+  static constexpr size_t kScratchBytes = 64 << 10;
+  struct Watch {
+    std::shared_ptr<LoopTask> task;
+    uint32_t events = 0;
+  };
+
+  EventLoop(Fd epoll, Fd wake, std::chrono::microseconds busy_poll);
+  void run();
+  // Runs `task` once, first cancelling its time.
+  void run_task(const std::shared_ptr<LoopTask>& task);
+  // Runs the tasks kicked so far; true when there were any.
+  bool run_kicked();
+  // Runs the tasks whose time has come; true when there were any.
+  bool run_timers();
+  int sleep_ms() const;
+
+  Fd epoll_;
+  Fd wake_;  // eventfd: kicks wake the loop through it while it sleeps
+  const std::chrono::microseconds busy_poll_;
+  std::unique_ptr<uint8_t[]> scratch_{new uint8_t[kScratchBytes]};
+  std::thread thread_;
+
+  // Guards kicked_ and stopping_ against kick() from other threads.
+  std::mutex mu_;
+  std::vector<std::shared_ptr<LoopTask>> kicked_;
+  bool stopping_ = false;
+  bool ended_ = false;                 // the thread has left its loop
+  std::atomic<bool> sleeping_{false};  // in epoll_wait with a timeout other than 0
+
+  // The loop's thread's own state.
+  std::unordered_map<int, Watch> watched_;
+  std::set<std::pair<Deadline, LoopTask*>> timers_;
+  std::unordered_map<LoopTask*, std::pair<Deadline, std::shared_ptr<LoopTask>>> timer_of_;
+};
+
+// A fixed set of loops; each new task goes to the next in turn.
+class EventLoops {
+ public:
+  static Result<std::unique_ptr<EventLoops>> create(int threads,
+                                                    std::chrono::microseconds busy_poll);
+  EventLoop& next();
+  int threads() const { return static_cast<int>(loops_.size()); }
+  // Stops every loop (EventLoop::stop).
+  void stop();
+
+ private:
+  std::vector<std::unique_ptr<EventLoop>> loops_;
+  std::atomic<size_t> turn_{0};
+};
+
+}  // namespace rdmabuf
