@@ -12,6 +12,7 @@
 
 #include "tests/helpers/backend_detail.h"
 #include "tests/helpers/sanitizer.h"
+#include "tests/integration/ibverbs_pair.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
@@ -20,23 +21,9 @@ namespace {
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kPages = 64;
 
-class IbverbsGatherTest : public ::testing::Test {
+class IbverbsGatherTest : public IbverbsPairTest {
  protected:
-  void SetUp() override {
-    reader_ = make_manager([](Config& c) { c.backends = {"ibverbs"}; });
-    ASSERT_NE(reader_, nullptr);
-    owner_ = make_manager([](Config& c) { c.backends = {"ibverbs"}; });
-    ASSERT_NE(owner_, nullptr);
-    for (const BackendInfo& info : reader_->backends()) {
-      if (info.name == "ibverbs" && !info.viable) {
-        GTEST_SKIP() << "ibverbs is not viable here: " << info.reason;
-      }
-    }
-    remote_memory_ = with_pattern(2 * kPages * kPage, 71);
-    auto h = owner_->register_buffer(remote_memory_);
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    remote_ = *h;
-  }
+  void SetUp() override { set_up(with_pattern(2 * kPages * kPage, 71)); }
 
   uint64_t detail(const std::string& key) const {
     return std::stoull(backend_detail(*reader_, "ibverbs", key));
@@ -54,10 +41,6 @@ class IbverbsGatherTest : public ::testing::Test {
     return {detail("work requests") - requests,
             detail("work requests with local pieces") - gathering};
   }
-
-  std::unique_ptr<Manager> reader_, owner_;
-  LocalMemory remote_memory_;
-  RemoteBuffer remote_;
 };
 
 // What `memory` holds now (the owner's memory, written by the NIC).

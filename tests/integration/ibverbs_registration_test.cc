@@ -16,6 +16,7 @@
 
 #include "tests/helpers/backend_detail.h"
 #include "tests/helpers/sanitizer.h"
+#include "tests/integration/ibverbs_pair.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
@@ -24,23 +25,9 @@ namespace {
 constexpr uint64_t kSize = 64 << 10;
 constexpr std::byte kJunk{0xEE};
 
-class IbverbsRegistrationTest : public ::testing::Test {
+class IbverbsRegistrationTest : public IbverbsPairTest {
  protected:
-  void SetUp() override {
-    reader_ = make_manager([](Config& c) { c.backends = {"ibverbs"}; });
-    ASSERT_NE(reader_, nullptr);
-    owner_ = make_manager([](Config& c) { c.backends = {"ibverbs"}; });
-    ASSERT_NE(owner_, nullptr);
-    for (const BackendInfo& info : reader_->backends()) {
-      if (info.name == "ibverbs" && !info.viable) {
-        GTEST_SKIP() << "ibverbs is not viable here: " << info.reason;
-      }
-    }
-    remote_memory_ = with_pattern(kSize, 51);
-    auto h = owner_->register_buffer(remote_memory_);
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    remote_ = *h;
-  }
+  void SetUp() override { set_up(with_pattern(kSize, 51)); }
 
   uint64_t made() const {
     return std::stoull(backend_detail(*reader_, "ibverbs", "local registrations made"));
@@ -75,10 +62,6 @@ class IbverbsRegistrationTest : public ::testing::Test {
     Status s = reader_->submit({Op::write(remote_, src)}, kTimeout).wait();
     ASSERT_TRUE(s.ok()) << s.to_string();
   }
-
-  std::unique_ptr<Manager> reader_, owner_;
-  LocalMemory remote_memory_;
-  RemoteBuffer remote_;
 };
 
 // Anonymous memory, unmapped by the destructor.
