@@ -149,6 +149,7 @@ void EventLoop::run() {
     sleeping_.store(false, std::memory_order_relaxed);
     if (n < 0 && errno != EINTR) {
       RDMABUF_LOG_ERROR("event loop: epoll_wait: " + errno_text(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no spin on a lasting error
       continue;
     }
     for (int i = 0; i < n; ++i) {
@@ -173,6 +174,9 @@ void EventLoop::stop() {
     stopping_ = true;
   }
   signal_eventfd(wake_.get());
+  // On the loop's own thread (a completion callback that shuts its manager
+  // down): the loop ends after this run; it cannot be joined from inside.
+  if (on_loop_thread()) return;
   if (thread_.joinable()) thread_.join();
   watched_.clear();
   timers_.clear();

@@ -67,7 +67,8 @@ class EventLoop {
 
   // Runs what was kicked before, joins the thread and lets go of every
   // task; later kicks are dropped. Tasks must have closed what they watch
-  // (their own stop signal). Not on the loop's thread.
+  // (their own stop signal). On the loop's own thread it only asks the
+  // loop to end after the current run (the destructor joins it).
   void stop();
 
  private:

@@ -256,6 +256,12 @@ Result<Fd> connect_tcp(const HostPort& where, Deadline deadline, int stop_fd) {
   }
 }
 
+bool is_numeric_host(const std::string& host) {
+  in6_addr address;
+  return ::inet_pton(AF_INET, host.c_str(), &address) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), &address) == 1;
+}
+
 void TcpConnecting::AddrInfoDeleter::operator()(addrinfo* ai) const {
   freeaddrinfo(ai);
 }

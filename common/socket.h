@@ -71,6 +71,9 @@ Result<HostPort> peer_address(int fd);
 // unreachable hosts or name lookup failure; kDeadlineExceeded on timeout.
 Result<Fd> connect_tcp(const HostPort& where, Deadline deadline, int stop_fd = -1);
 
+// Whether `host` is an IPv4 or IPv6 address, which needs no name lookup.
+bool is_numeric_host(const std::string& host);
+
 // connect_tcp for a caller that does not block (an event loop): begin()
 // starts connecting to the first address of `where`; whenever fd() turns
 // writable (or errs), advance() says whether it is connected, or has moved
@@ -79,7 +82,7 @@ Result<Fd> connect_tcp(const HostPort& where, Deadline deadline, int stop_fd = -
 class TcpConnecting {
  public:
   // kUnavailable when the name does not resolve or no address can even be
-  // tried.
+  // tried. Blocks only to look a name up (never for a numeric host).
   static Result<TcpConnecting> begin(const HostPort& where);
   int fd() const { return fd_.get(); }
   // The connected socket, tuned as connect_tcp's; nullopt while still

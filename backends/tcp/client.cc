@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "common/hello.h"
 #include "common/log.h"
@@ -157,6 +158,9 @@ bool Stream::idle() {
 
 bool Stream::take_incoming() {
   std::lock_guard lock(mu_);
+  // Busy from here on (settle() says otherwise once it is idle again), so
+  // that idle() never says so of a stream whose work the loop has taken.
+  if (!incoming_.empty()) busy_.store(true, std::memory_order_release);
   scheduled_ = false;
   for (Chunk& c : incoming_)
     pending_.push_back(std::move(c));
@@ -190,6 +194,8 @@ bool Stream::step() {
       if (pending_.empty()) return false;
       begin_connect();
       return true;
+    case Link::kResolving:
+      return advance_lookup();
     case Link::kConnecting:
       return advance_connect();
     case Link::kGreeting:
@@ -210,6 +216,9 @@ void Stream::settle() {
   Deadline at = Deadline::max();
   switch (link_) {
     case Link::kClosed:
+      break;
+    case Link::kResolving:
+      at = connect_deadline_;
       break;
     case Link::kConnecting:
       fd = connecting_->fd();
@@ -257,6 +266,10 @@ void Stream::begin_connect() {
   for (const Chunk& c : pending_)
     latest = std::max(latest, c.transfer->deadline());
   connect_deadline_ = std::min(latest, Clock::now() + kConnectCap);
+  if (!is_numeric_host(peer_->address.host)) {
+    begin_lookup();
+    return;
+  }
   auto connecting = TcpConnecting::begin(peer_->address);
   if (!connecting.ok()) {
     fail_all(connecting.status().code(), connecting.status().message());
@@ -264,6 +277,49 @@ void Stream::begin_connect() {
   }
   connecting_.emplace(std::move(connecting).value());
   link_ = Link::kConnecting;
+}
+
+void Stream::begin_lookup() {
+  uint64_t lookup;
+  {
+    std::lock_guard lock(mu_);
+    looked_up_.reset();
+    lookup = ++lookups_;
+  }
+  link_ = Link::kResolving;
+  // The thread holds the stream; it kicks it unless the stream stopped (the
+  // loop may be gone then) or gave up on this lookup.
+  std::thread([self = shared_from_this(), lookup] {
+    auto connecting = TcpConnecting::begin(self->peer_->address);
+    std::lock_guard lock(self->mu_);
+    if (self->stopped_ || self->lookups_ != lookup) return;
+    self->looked_up_.emplace(std::move(connecting));
+    if (!self->scheduled_) {
+      self->scheduled_ = true;
+      self->loop_.kick(self);
+    }
+  }).detach();
+}
+
+bool Stream::advance_lookup() {
+  std::optional<Result<TcpConnecting>> looked_up;
+  {
+    std::lock_guard lock(mu_);
+    looked_up.swap(looked_up_);
+  }
+  if (!looked_up) {
+    if (Clock::now() < connect_deadline_) return false;
+    fail_all(StatusCode::kDeadlineExceeded,
+             "cannot connect to " + peer_->address.to_string() + ": the name lookup timed out");
+    return true;
+  }
+  if (!looked_up->ok()) {
+    fail_all(looked_up->status().code(), looked_up->status().message());
+    return true;
+  }
+  connecting_.emplace(std::move(*looked_up).value());
+  link_ = Link::kConnecting;
+  return true;
 }
 
 bool Stream::advance_connect() {
@@ -277,8 +333,8 @@ bool Stream::advance_connect() {
   }
   if (!connected->has_value()) {
     if (Clock::now() < connect_deadline_) return false;
-    fail_all(StatusCode::kDeadlineExceeded,
-             "cannot connect to " + peer_->address.to_string() + ": timed out");
+    fail_all(StatusCode::kDeadlineExceeded, "cannot connect to " + peer_->address.to_string() +
+                                                ": timed out waiting for the socket");
     return true;
   }
   sock_ = std::move(**connected);
@@ -366,6 +422,11 @@ void Stream::close_connection() {
   if (sock_.valid()) loop_.unwatch(sock_.get());
   connecting_.reset();
   sock_.reset();
+  if (link_ == Link::kResolving) {
+    std::lock_guard lock(mu_);
+    ++lookups_;  // whatever the lookup under way finds is not wanted
+    looked_up_.reset();
+  }
   link_ = Link::kClosed;
 }
 

@@ -74,6 +74,7 @@ class Stream final : public LoopTask, public std::enable_shared_from_this<Stream
   // Where the connection stands; a stream's loop moves it along.
   enum class Link : uint8_t {
     kClosed,      // no socket; work connects it
+    kResolving,   // a thread of its own looks the owner's host name up
     kConnecting,  // connecting_ waits for the socket to connect
     kGreeting,    // hello sent on sock_; its reply arrives in rx_
     kOpen,        // requests flow
@@ -92,6 +93,10 @@ class Stream final : public LoopTask, public std::enable_shared_from_this<Stream
   // One pass at whatever the connection needs; false when nothing moved.
   bool step();
   void begin_connect();
+  // Starts the lookup of a host name on a thread of its own: a resolver
+  // may take seconds, and the loop serves other streams meanwhile.
+  void begin_lookup();
+  bool advance_lookup();
   bool advance_connect();
   bool advance_greeting();
   // Watches the socket and sets the stall or connect timer as the link
@@ -125,6 +130,9 @@ class Stream final : public LoopTask, public std::enable_shared_from_this<Stream
   std::vector<Chunk> incoming_;
   bool scheduled_ = false;  // kicked, and not yet run since
   bool stopped_ = false;
+  // The name lookup's outcome, for lookup number `lookups_`.
+  std::optional<Result<TcpConnecting>> looked_up_;
+  uint64_t lookups_ = 0;
   std::atomic<bool> busy_{false};  // the loop holds work or a connection
 
   // The loop's own state.

@@ -88,15 +88,19 @@ class TcpBackend final : public Backend {
   void shutdown() override {
     stopping_.store(true);
     signal_eventfd(stop_fd_.get());
+    std::vector<std::shared_ptr<Peer>> peers;
     EventLoops* loops = nullptr;
     {
       std::lock_guard lock(peers_mu_);
       for (auto& [id, peer] : peers_)
-        peer->stop();
+        peers.push_back(peer);
       loops = loops_.get();
     }
-    // Outside the lock: a transfer that finishes on a loop may call back
-    // into submit(). The loops run the streams' stops before they end.
+    // Outside the lock: stopping completes transfers, whose callbacks may
+    // call back into submit(). The loops run the streams' stops before
+    // they end.
+    for (auto& peer : peers)
+      peer->stop();
     if (loops) loops->stop();
   }
 

@@ -389,5 +389,26 @@ TEST(ManyPeersTest, AnOwnerThatNeverAnswersHoldsUpNoOtherStreamOnItsLoop) {
   EXPECT_EQ(find_not(stuck.span(), kSentinel), std::nullopt);
 }
 
+// An owner whose address is a host name: the name is looked up off the
+// loop (a resolver may take seconds), then the stream connects as usual.
+TEST(ManyPeersTest, AnOwnerNamedByItsHostNameIsReached) {
+  constexpr uint64_t kSize = 64 << 10;
+  auto owner = make_manager();
+  ASSERT_NE(owner, nullptr);
+  LocalMemory memory = with_pattern(kSize, 611);
+  auto handle = owner->register_buffer(memory);
+  ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+  auto address = parse_host_port(handle->owner().address);
+  ASSERT_TRUE(address.ok()) << address.status().to_string();
+  auto named = with_address(*handle, "localhost:" + std::to_string(address->port));
+  ASSERT_TRUE(named.ok()) << named.status().to_string();
+  auto reader = make_manager([](Config& c) { c.io_threads = 1; });
+  ASSERT_NE(reader, nullptr);
+  LocalMemory dst = with_sentinel(kSize);
+  Status s = reader->read_into(*named, dst, kTimeout);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(find_mismatch(dst.span(), 611), std::nullopt);
+}
+
 }  // namespace
 }  // namespace rdmabuf::testing
