@@ -16,6 +16,7 @@
 #include "backends/tcp/client.h"
 #include "backends/tcp/server.h"
 #include "common/buffer_access.h"
+#include "common/event_loop.h"
 #include "common/hello.h"
 #include "core/registry.h"
 #include "rdmabuf/backend.h"
@@ -581,8 +582,12 @@ ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replie
   context.stall_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(kHang);
   context.stopping = &never_stopping;
   ReaderOutcome outcome;
+  // The peer's stream runs on a loop of its own; stopping the loop after
+  // the peer completes whatever the stream still held.
+  auto loops = EventLoops::create(1, 0us);
+  RDMABUF_FUZZ_CHECK(loops.ok());
   {
-    tcp::Peer peer(context, 1);
+    tcp::Peer peer(context, 1, **loops);
     std::vector<uint32_t> indices(ops.size());
     for (uint32_t i = 0; i < indices.size(); ++i)
       indices[i] = i;
@@ -592,7 +597,8 @@ ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replie
     // `replies` while taking whatever the reader sends.
     const Deadline deadline = Clock::now() + kHang;
     if (!wait_fd(listener.fd.get(), POLLIN, deadline).ok()) {
-      peer.stop();  // waits for its connect, if it has begun one
+      peer.stop();
+      (*loops)->stop();  // the stream has run its stop: the op has its status
       std::fprintf(stderr, "fuzz: the reader did not connect within %d ms; its first op: %s\n",
                    kHangMs, transfer->op_status(0).to_string().c_str());
       RDMABUF_FUZZ_CHECK(false);
@@ -636,6 +642,7 @@ ReaderOutcome run_reader(const ReaderPlan& plan, std::span<const uint8_t> replie
     outcome.finished = transfer->finished();
     close_abortively(conn);
     peer.stop();
+    (*loops)->stop();
   }
   for (size_t i = 0; i < ops.size(); ++i) {
     outcome.op_status.push_back(transfer->op_status(i));
