@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <thread>
 
-#include "common/hello.h"
 #include "common/log.h"
 #include "common/op_extents.h"
 #include "common/op_text.h"
@@ -18,9 +16,6 @@
 namespace rdmabuf::tcp {
 namespace {
 
-// Replies are read into this buffer in bulk, except large read payloads,
-// which are received straight into the destination.
-constexpr size_t kRxBytes = 256 << 10;
 // Encoding stops while this many arena bytes are waiting to be sent.
 constexpr size_t kTxHighWater = 256 << 10;
 // The arena's sent prefix is dropped once it is this large.
@@ -47,8 +42,6 @@ constexpr uint64_t kRequestCost = 256;
 // Batches to one peer smaller than this stay on one stream: splitting them
 // costs more in wake-ups than it gains in parallelism.
 constexpr uint64_t kSpreadBytes = 256 << 10;
-// Longest a stream waits to connect, whatever the ops' deadlines.
-constexpr auto kConnectCap = std::chrono::seconds(30);
 
 alignas(64) const uint8_t kZeros[64 << 10] = {};
 
@@ -258,149 +251,6 @@ void Stream::settle() {
   }
   loop_.wake_at(self, at);
   busy_.store(link_ != Link::kClosed || !pending_.empty(), std::memory_order_release);
-}
-
-void Stream::begin_connect() {
-  // Wait as long as the most patient op, within a cap.
-  Deadline latest = Clock::now();
-  for (const Chunk& c : pending_)
-    latest = std::max(latest, c.transfer->deadline());
-  connect_deadline_ = std::min(latest, Clock::now() + kConnectCap);
-  if (!is_numeric_host(peer_->address.host)) {
-    begin_lookup();
-    return;
-  }
-  auto connecting = TcpConnecting::begin(peer_->address);
-  if (!connecting.ok()) {
-    fail_all(connecting.status().code(), connecting.status().message());
-    return;
-  }
-  connecting_.emplace(std::move(connecting).value());
-  link_ = Link::kConnecting;
-}
-
-void Stream::begin_lookup() {
-  uint64_t lookup;
-  {
-    std::lock_guard lock(mu_);
-    looked_up_.reset();
-    lookup = ++lookups_;
-  }
-  link_ = Link::kResolving;
-  // The thread holds the stream; it kicks it unless the stream stopped (the
-  // loop may be gone then) or gave up on this lookup.
-  std::thread([self = shared_from_this(), lookup] {
-    auto connecting = TcpConnecting::begin(self->peer_->address);
-    std::lock_guard lock(self->mu_);
-    if (self->stopped_ || self->lookups_ != lookup) return;
-    self->looked_up_.emplace(std::move(connecting));
-    if (!self->scheduled_) {
-      self->scheduled_ = true;
-      self->loop_.kick(self);
-    }
-  }).detach();
-}
-
-bool Stream::advance_lookup() {
-  std::optional<Result<TcpConnecting>> looked_up;
-  {
-    std::lock_guard lock(mu_);
-    looked_up.swap(looked_up_);
-  }
-  if (!looked_up) {
-    if (Clock::now() < connect_deadline_) return false;
-    fail_all(StatusCode::kDeadlineExceeded,
-             "cannot connect to " + peer_->address.to_string() + ": the name lookup timed out");
-    return true;
-  }
-  if (!looked_up->ok()) {
-    fail_all(looked_up->status().code(), looked_up->status().message());
-    return true;
-  }
-  connecting_.emplace(std::move(*looked_up).value());
-  link_ = Link::kConnecting;
-  return true;
-}
-
-bool Stream::advance_connect() {
-  // advance() may close this socket for the next address's: watch neither
-  // until settle() watches whichever is current.
-  loop_.unwatch(connecting_->fd());
-  auto connected = connecting_->advance();
-  if (!connected.ok()) {
-    fail_all(connected.status().code(), connected.status().message());
-    return true;
-  }
-  if (!connected->has_value()) {
-    if (Clock::now() < connect_deadline_) return false;
-    fail_all(StatusCode::kDeadlineExceeded, "cannot connect to " + peer_->address.to_string() +
-                                                ": timed out waiting for the socket");
-    return true;
-  }
-  sock_ = std::move(**connected);
-  connecting_.reset();
-  link_ = Link::kGreeting;
-  rx_.reset(new uint8_t[kRxBytes]);
-  rx_begin_ = rx_end_ = 0;
-  // 24 bytes into the empty send buffer of a new connection go at once.
-  const std::vector<uint8_t> hello =
-      encode_hello(Hello{Channel::kTcpData, peer_->self_id, peer_->owner_id});
-  const ssize_t sent = ::send(sock_.get(), hello.data(), hello.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (sent != static_cast<ssize_t>(hello.size())) {
-    fail_all(StatusCode::kUnavailable,
-             "owner at " + peer_->address.to_string() + ": " +
-                 (sent < 0 ? "send: " + errno_text(errno) : "the hello did not fit"));
-  }
-  return true;
-}
-
-bool Stream::advance_greeting() {
-  const std::string owner = "owner at " + peer_->address.to_string() + ": ";
-  // The reply's fixed part, then its message (as long as the fixed part says).
-  size_t want = kHelloReplyBytes;
-  if (rx_end_ >= kHelloReplyBytes) {
-    auto message =
-        hello_reply_message_bytes(*reinterpret_cast<const uint8_t(*)[kHelloReplyBytes]>(rx_.get()));
-    if (!message.ok()) {
-      fail_all(message.status().code(), owner + message.status().message());
-      return true;
-    }
-    want += *message;
-  }
-  if (rx_end_ == want) {
-    const auto* fixed = reinterpret_cast<const uint8_t(*)[kHelloReplyBytes]>(rx_.get());
-    auto answer = check_hello_reply(
-        *fixed,
-        std::string_view(reinterpret_cast<const char*>(rx_.get()) + kHelloReplyBytes,
-                         want - kHelloReplyBytes),
-        Hello{Channel::kTcpData, peer_->self_id, peer_->owner_id});
-    if (!answer.ok()) {
-      fail_all(answer.status().code(), owner + answer.status().message());
-      return true;
-    }
-    link_ = Link::kOpen;
-    rx_begin_ = rx_end_ = 0;
-    in_payload_ = false;
-    last_io_ = Clock::now();
-    RDMABUF_LOG_DEBUG("tcp stream " + std::to_string(index_) + " connected to " +
-                      peer_->address.to_string());
-    return true;
-  }
-  const ssize_t n = ::recv(sock_.get(), rx_.get() + rx_end_, want - rx_end_, MSG_DONTWAIT);
-  if (n > 0) {
-    rx_end_ += static_cast<size_t>(n);
-    return true;
-  }
-  if (n == 0) {
-    fail_all(StatusCode::kUnavailable, owner + "connection closed by peer");
-  } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-    fail_all(StatusCode::kUnavailable, owner + "recv: " + errno_text(errno));
-  } else if (Clock::now() >= connect_deadline_) {
-    fail_all(StatusCode::kDeadlineExceeded, owner + "no answer to the hello in time");
-  } else {
-    return false;
-  }
-  return true;
 }
 
 void Stream::finish(Chunk& chunk, const Status& status) {

@@ -80,6 +80,10 @@ class Stream final : public LoopTask, public std::enable_shared_from_this<Stream
     kOpen,        // requests flow
   };
 
+  // Replies are read into a buffer this large in bulk, except large read
+  // payloads, which are received straight into the destination.
+  static constexpr size_t kRxBytes = 256 << 10;
+
   struct TxSegment {
     const std::byte* external;  // null: the next `size` bytes of the tx arena
     Chunk* chunk;               // owner of an external segment
