@@ -304,6 +304,24 @@ std::vector<std::string> thread_names() {
   return names;
 }
 
+// An owner manager in this process (tcp) with one buffer of `size` bytes
+// holding `seed`'s pattern; `handle` is not valid when that failed.
+struct OwnedBuffer {
+  std::unique_ptr<Manager> manager;
+  LocalMemory memory;
+  RemoteBuffer handle;
+};
+OwnedBuffer own_buffer(uint64_t size, uint64_t seed, int io_threads = 0) {
+  OwnedBuffer o;
+  o.manager = make_manager([&](Config& c) { c.io_threads = io_threads; });
+  if (!o.manager) return o;
+  o.memory = with_pattern(size, seed);
+  auto h = o.manager->register_buffer(o.memory);
+  EXPECT_TRUE(h.ok()) << h.status().to_string();
+  if (h.ok()) o.handle = *h;
+  return o;
+}
+
 // One reader of many owners: its tcp streams (four per owner) run on its
 // fixed event loops, so its threads do not grow with the owners it reads;
 // every byte is checked, also after the connections idled.
@@ -311,16 +329,10 @@ TEST(ManyPeersTest, AReadersThreadsDoNotGrowWithTheOwnersItReads) {
   constexpr int kOwners = 48;
   constexpr int kLoops = 3;
   constexpr uint64_t kSize = 256 << 10;
-  std::vector<std::unique_ptr<Manager>> owners;
-  std::vector<LocalMemory> memories;
-  std::vector<RemoteBuffer> handles;
+  std::vector<OwnedBuffer> owners;
   for (int i = 0; i < kOwners; ++i) {
-    owners.push_back(make_manager([](Config& c) { c.io_threads = 1; }));
-    ASSERT_NE(owners.back(), nullptr);
-    memories.push_back(with_pattern(kSize, 500 + i));
-    auto h = owners.back()->register_buffer(memories.back());
-    ASSERT_TRUE(h.ok()) << h.status().to_string();
-    handles.push_back(*h);
+    owners.push_back(own_buffer(kSize, 500 + i, /*io_threads=*/1));
+    ASSERT_TRUE(owners.back().handle.valid()) << "owner " << i;
   }
   auto reader = make_manager([](Config& c) {
     c.io_threads = kLoops;
@@ -332,7 +344,7 @@ TEST(ManyPeersTest, AReadersThreadsDoNotGrowWithTheOwnersItReads) {
   std::vector<Op> ops;
   for (int i = 0; i < kOwners; ++i) {
     dsts.push_back(with_sentinel(kSize));
-    ops.push_back(Op::read(handles[i], dsts.back()));
+    ops.push_back(Op::read(owners[i].handle, dsts.back()));
   }
   Transfer t = reader->submit(ops, kTimeout);
   ASSERT_TRUE(t.wait().ok()) << t.status().to_string();
@@ -360,11 +372,9 @@ TEST(ManyPeersTest, AReadersThreadsDoNotGrowWithTheOwnersItReads) {
 // at its own deadline.
 TEST(ManyPeersTest, AnOwnerThatNeverAnswersHoldsUpNoOtherStreamOnItsLoop) {
   constexpr uint64_t kSize = 64 << 10;
-  auto genuine = make_manager();
-  ASSERT_NE(genuine, nullptr);
-  LocalMemory memory = with_pattern(kSize, 601);
-  auto handle = genuine->register_buffer(memory);
-  ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+  OwnedBuffer genuine = own_buffer(kSize, 601);
+  ASSERT_TRUE(genuine.handle.valid());
+  const RemoteBuffer* handle = &genuine.handle;
   auto silent = listen_tcp(HostPort{"127.0.0.1", 0}, 16);  // never accepts
   ASSERT_TRUE(silent.ok()) << silent.status().to_string();
   auto silent_handle = with_address(*handle, local_address(silent->get())->to_string());
@@ -393,11 +403,9 @@ TEST(ManyPeersTest, AnOwnerThatNeverAnswersHoldsUpNoOtherStreamOnItsLoop) {
 // loop (a resolver may take seconds), then the stream connects as usual.
 TEST(ManyPeersTest, AnOwnerNamedByItsHostNameIsReached) {
   constexpr uint64_t kSize = 64 << 10;
-  auto owner = make_manager();
-  ASSERT_NE(owner, nullptr);
-  LocalMemory memory = with_pattern(kSize, 611);
-  auto handle = owner->register_buffer(memory);
-  ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+  OwnedBuffer owner = own_buffer(kSize, 611);
+  ASSERT_TRUE(owner.handle.valid());
+  const RemoteBuffer* handle = &owner.handle;
   auto address = parse_host_port(handle->owner().address);
   ASSERT_TRUE(address.ok()) << address.status().to_string();
   auto named = with_address(*handle, "localhost:" + std::to_string(address->port));
