@@ -119,9 +119,7 @@ bool EventLoop::run_timers() {
 }
 
 int EventLoop::sleep_ms() const {
-  if (timers_.empty()) return -1;
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(timers_.begin()->first - Clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+  return poll_timeout_ms(timers_.empty() ? Deadline::max() : timers_.begin()->first);
 }
 
 void EventLoop::run() {

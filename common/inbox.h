@@ -1,6 +1,6 @@
 // Work handed to one thread that starts on demand and exits when idle: the
-// shape of every per-link I/O thread in rdmabuf (a tcp stream, an ibverbs
-// queue pair).
+// shape of a per-link I/O thread in rdmabuf (an ibverbs queue pair; tcp
+// streams run on event loops instead, common/event_loop.h).
 //
 // Submitters push items from any thread; the first push after the thread
 // exited starts it again. The thread takes items, sleeps on wake_fd() when

@@ -31,12 +31,6 @@ uint32_t events_for(IoSession::Wait wait) {
 thread_local IoPool* this_threads_pool = nullptr;
 thread_local bool this_thread_spins = false;
 
-int poll_timeout_ms(Deadline deadline) {
-  if (deadline == Deadline::max()) return -1;
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
-}
-
 }  // namespace
 
 int io_threads_for(int requested) {

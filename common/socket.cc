@@ -67,11 +67,6 @@ std::string errno_text(int err) {
 
 namespace {
 
-struct AddrInfoDeleter {
-  void operator()(addrinfo* ai) const { freeaddrinfo(ai); }
-};
-using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
-
 Result<AddrInfoPtr> resolve(const HostPort& where, bool passive) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -214,6 +209,12 @@ void tune_data_socket(int fd) {
   set_nonblocking(fd, true).ignore();
 }
 
+int poll_timeout_ms(Deadline deadline) {
+  if (deadline == Deadline::max()) return -1;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
+}
+
 Status wait_fd(int fd, short events, Deadline deadline, int stop_fd) {
   while (true) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -262,15 +263,14 @@ bool is_numeric_host(const std::string& host) {
          ::inet_pton(AF_INET6, host.c_str(), &address) == 1;
 }
 
-void TcpConnecting::AddrInfoDeleter::operator()(addrinfo* ai) const {
+void AddrInfoDeleter::operator()(addrinfo* ai) const {
   freeaddrinfo(ai);
 }
 
 Result<TcpConnecting> TcpConnecting::begin(const HostPort& where) {
-  RDMABUF_ASSIGN_OR_RETURN(AddrInfoPtr resolved, resolve(where, false));
   TcpConnecting c;
+  RDMABUF_ASSIGN_OR_RETURN(c.addresses_, resolve(where, false));
   c.where_ = where;
-  c.addresses_.reset(resolved.release());
   c.next_ = c.addresses_.get();
   c.last_ = Unavailable("no address for " + where.to_string());
   RDMABUF_RETURN_IF_ERROR(c.start_next());

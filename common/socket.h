@@ -71,6 +71,12 @@ Result<HostPort> peer_address(int fd);
 // unreachable hosts or name lookup failure; kDeadlineExceeded on timeout.
 Result<Fd> connect_tcp(const HostPort& where, Deadline deadline, int stop_fd = -1);
 
+// Owns the list getaddrinfo() returns.
+struct AddrInfoDeleter {
+  void operator()(addrinfo* ai) const;
+};
+using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
+
 // Whether `host` is an IPv4 or IPv6 address, which needs no name lookup.
 bool is_numeric_host(const std::string& host);
 
@@ -91,14 +97,11 @@ class TcpConnecting {
   Result<std::optional<Fd>> advance();
 
  private:
-  struct AddrInfoDeleter {
-    void operator()(addrinfo* ai) const;
-  };
   // Starts on addresses from next_ on; kUnavailable when none is left.
   Status start_next();
 
   HostPort where_;
-  std::unique_ptr<addrinfo, AddrInfoDeleter> addresses_;
+  AddrInfoPtr addresses_;
   addrinfo* next_ = nullptr;  // the address after the one fd_ connects to
   Fd fd_;
   Status last_;  // why the previous address failed
@@ -127,6 +130,10 @@ Status set_nonblocking(int fd, bool on);
 // Every blocking helper below also watches `stop_fd` (an eventfd that turns
 // readable, and stays so, when its owner shuts down; -1 for none) and
 // returns kCancelled when it fires.
+
+// The timeout poll() and epoll_wait() take to wait until `deadline`: whole
+// milliseconds, rounded up (never waking early), -1 for Deadline::max().
+int poll_timeout_ms(Deadline deadline);
 
 // Waits until `fd` is ready for `events` (POLLIN/POLLOUT) or `deadline`.
 // kDeadlineExceeded on timeout; kUnavailable when the socket errored.

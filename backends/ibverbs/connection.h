@@ -194,11 +194,11 @@ class Connection {
   // Chunks of cancelled transfers that wait for an answer complete now.
   bool drop_cancelled_parked();
   void complete(Chunk& chunk, const Status& status);
+  // The registration of the chunk's local memory (every piece of it).
+  Result<std::shared_ptr<MemoryRegion>> acquire_region(const Chunk& chunk);
   // Fills in the work request `wr` (its wr_id set) and `sge` that send
   // `chunk`'s notice; the slot of wr_id holds the bytes until it completes.
   // The registration the bytes lie in.
-  // The registration of the chunk's local memory (every piece of it).
-  Result<std::shared_ptr<MemoryRegion>> acquire_region(const Chunk& chunk);
   Result<std::shared_ptr<MemoryRegion>> build_notice(const Chunk& chunk, ibv_send_wr& wr,
                                                      ibv_sge& sge);
   void finish_posted(Posted& p, const Status& status);

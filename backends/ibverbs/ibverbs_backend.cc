@@ -164,7 +164,10 @@ class IbverbsBackend final : public Backend {
           if (end == local) {  // adjacent here too: the same piece, longer
             if (!last.pieces.empty()) last.pieces.back().length += length;
           } else {
-            if (last.pieces.empty()) last.pieces.push_back({last.local, last.length});
+            if (last.pieces.empty()) {  // now a work request with pieces
+              last.pieces.push_back({last.local, last.length});
+              gathering_work_requests_.fetch_add(1, std::memory_order_relaxed);
+            }
             last.pieces.push_back({local, length});
           }
           last.length += length;
@@ -183,10 +186,6 @@ class IbverbsBackend final : public Backend {
       });
       const uint64_t parts = batch.size() - first;
       work_requests_.fetch_add(parts, std::memory_order_relaxed);
-      for (size_t k = first; k < batch.size(); ++k) {
-        if (!batch[k].pieces.empty())
-          gathering_work_requests_.fetch_add(1, std::memory_order_relaxed);
-      }
       const bool notice = transfer->notice(i) != nullptr && op.kind == OpKind::kWriteFromLocal;
       const uint64_t all_parts = parts + (notice ? 1 : 0);
       if (all_parts > 1) transfer->expect_parts(i, static_cast<uint32_t>(all_parts));

@@ -15,6 +15,7 @@
 
 #include "backends/tcp/protocol.h"
 #include "common/event_loop.h"
+#include "common/hello.h"
 #include "common/socket.h"
 #include "rdmabuf/backend.h"
 
@@ -97,6 +98,10 @@ class Stream final : public LoopTask, public std::enable_shared_from_this<Stream
   // One pass at whatever the connection needs; false when nothing moved.
   bool step();
   void begin_connect();
+  // Connecting from here, or the ops fail with why it cannot begin.
+  void start_connecting(Result<TcpConnecting> connecting);
+  // What the stream says in its hello.
+  Hello hello() const;
   // Starts the lookup of a host name on a thread of its own: a resolver
   // may take seconds, and the loop serves other streams meanwhile.
   void begin_lookup();

@@ -33,13 +33,20 @@ void Stream::begin_connect() {
     begin_lookup();
     return;
   }
-  auto connecting = TcpConnecting::begin(peer_->address);
+  start_connecting(TcpConnecting::begin(peer_->address));
+}
+
+void Stream::start_connecting(Result<TcpConnecting> connecting) {
   if (!connecting.ok()) {
     fail_all(connecting.status().code(), connecting.status().message());
     return;
   }
   connecting_.emplace(std::move(connecting).value());
   link_ = Link::kConnecting;
+}
+
+Hello Stream::hello() const {
+  return Hello{Channel::kTcpData, peer_->self_id, peer_->owner_id};
 }
 
 void Stream::begin_lookup() {
@@ -76,12 +83,7 @@ bool Stream::advance_lookup() {
              "cannot connect to " + peer_->address.to_string() + ": the name lookup timed out");
     return true;
   }
-  if (!looked_up->ok()) {
-    fail_all(looked_up->status().code(), looked_up->status().message());
-    return true;
-  }
-  connecting_.emplace(std::move(*looked_up).value());
-  link_ = Link::kConnecting;
+  start_connecting(std::move(*looked_up));
   return true;
 }
 
@@ -106,10 +108,9 @@ bool Stream::advance_connect() {
   rx_.reset(new uint8_t[kRxBytes]);
   rx_begin_ = rx_end_ = 0;
   // 24 bytes into the empty send buffer of a new connection go at once.
-  const std::vector<uint8_t> hello =
-      encode_hello(Hello{Channel::kTcpData, peer_->self_id, peer_->owner_id});
-  const ssize_t sent = ::send(sock_.get(), hello.data(), hello.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (sent != static_cast<ssize_t>(hello.size())) {
+  const std::vector<uint8_t> bytes = encode_hello(hello());
+  const ssize_t sent = ::send(sock_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (sent != static_cast<ssize_t>(bytes.size())) {
     fail_all(StatusCode::kUnavailable,
              "owner at " + peer_->address.to_string() + ": " +
                  (sent < 0 ? "send: " + errno_text(errno) : "the hello did not fit"));
@@ -118,27 +119,26 @@ bool Stream::advance_connect() {
 }
 
 bool Stream::advance_greeting() {
-  const std::string owner = "owner at " + peer_->address.to_string() + ": ";
+  auto owner = [&] { return "owner at " + peer_->address.to_string() + ": "; };
   // The reply's fixed part, then its message (as long as the fixed part says).
+  const auto& fixed = *reinterpret_cast<const uint8_t(*)[kHelloReplyBytes]>(rx_.get());
   size_t want = kHelloReplyBytes;
   if (rx_end_ >= kHelloReplyBytes) {
-    auto message =
-        hello_reply_message_bytes(*reinterpret_cast<const uint8_t(*)[kHelloReplyBytes]>(rx_.get()));
+    auto message = hello_reply_message_bytes(fixed);
     if (!message.ok()) {
-      fail_all(message.status().code(), owner + message.status().message());
+      fail_all(message.status().code(), owner() + message.status().message());
       return true;
     }
     want += *message;
   }
   if (rx_end_ == want) {
-    const auto* fixed = reinterpret_cast<const uint8_t(*)[kHelloReplyBytes]>(rx_.get());
     auto answer = check_hello_reply(
-        *fixed,
+        fixed,
         std::string_view(reinterpret_cast<const char*>(rx_.get()) + kHelloReplyBytes,
                          want - kHelloReplyBytes),
-        Hello{Channel::kTcpData, peer_->self_id, peer_->owner_id});
+        hello());
     if (!answer.ok()) {
-      fail_all(answer.status().code(), owner + answer.status().message());
+      fail_all(answer.status().code(), owner() + answer.status().message());
       return true;
     }
     link_ = Link::kOpen;
@@ -155,11 +155,11 @@ bool Stream::advance_greeting() {
     return true;
   }
   if (n == 0) {
-    fail_all(StatusCode::kUnavailable, owner + "connection closed by peer");
+    fail_all(StatusCode::kUnavailable, owner() + "connection closed by peer");
   } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-    fail_all(StatusCode::kUnavailable, owner + "recv: " + errno_text(errno));
+    fail_all(StatusCode::kUnavailable, owner() + "recv: " + errno_text(errno));
   } else if (Clock::now() >= connect_deadline_) {
-    fail_all(StatusCode::kDeadlineExceeded, owner + "no answer to the hello in time");
+    fail_all(StatusCode::kDeadlineExceeded, owner() + "no answer to the hello in time");
   } else {
     return false;
   }
