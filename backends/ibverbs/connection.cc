@@ -1,6 +1,7 @@
 #include "backends/ibverbs/connection.h"
 
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -8,7 +9,6 @@
 #include <cerrno>
 
 #include "backends/ibverbs/handshake.h"
-#include "common/futex.h"
 #include "common/hello.h"
 #include "common/log.h"
 #include "common/op_text.h"
@@ -16,8 +16,6 @@
 namespace rdmabuf::ibverbs {
 namespace {
 
-// Work requests a queue pair holds at once.
-constexpr uint32_t kDepth = 512;
 // Work requests posted with one ibv_post_send.
 constexpr int kPostBatch = 32;
 // Every this many work requests one is signalled (and always the last of
@@ -36,6 +34,11 @@ constexpr auto kExplainLimit = std::chrono::seconds(2);
 // How long the oldest posted request may go without completing before the
 // owner is asked whether its buffer is still there (check_stalled()).
 constexpr auto kStallLimit = std::chrono::seconds(1);
+// While requests are in flight or questions out, the loop looks at the
+// pair this often for cancelled transfers and stalls.
+constexpr auto kCheckEvery = std::chrono::milliseconds(1);
+// Passes one run of a pair makes before the loop's other pairs get a turn.
+constexpr int kRoundsPerRun = 8;
 
 // The owner's answers that stay true for good (ids are never reused): the
 // handle names no buffer of the owner's, or not with this token or size.
@@ -54,24 +57,85 @@ void sleep_for(std::chrono::nanoseconds d) {
 
 }  // namespace
 
-Connection::Connection(ConnectionContext context)
-    : context_(std::move(context)), inbox_([this] { run(); }) {}
+Connection::Connection(ConnectionContext context, EventLoop& loop,
+                       std::shared_ptr<LoopCompletions> completions)
+    : context_(std::move(context)), loop_(loop), completions_(std::move(completions)) {}
 
 Connection::~Connection() {
-  stop();
-}
-
-void Connection::enqueue(std::vector<Chunk>& chunks) {
-  if (!inbox_.push(chunks)) {
-    for (Chunk& c : chunks)
-      complete(c, Cancelled("the manager is shutting down"));
-    chunks.clear();
+  // Only once the loop is done with it (it holds a reference while it may
+  // run it, and while it watches the control connection): nothing polls
+  // for the pair any more, if one is left.
+  std::thread handshaker;
+  {
+    std::lock_guard lock(handshaker_mu_);
+    handshaker.swap(handshaker_);
+  }
+  if (handshaker.joinable()) {
+    if (handshaker.get_id() == std::this_thread::get_id()) {
+      handshaker.detach();  // its last reference was the handshake's own
+    } else {
+      handshaker.join();
+    }
   }
 }
 
-void Connection::stop() {
-  for (Chunk& c : inbox_.stop())
+void Connection::enqueue(std::vector<Chunk>& chunks) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stopped_) {
+      for (Chunk& c : chunks)
+        incoming_.push_back(std::move(c));
+      chunks.clear();
+      if (!scheduled_) {
+        scheduled_ = true;
+        loop_.kick(shared_from_this());
+      }
+      return;
+    }
+  }
+  for (Chunk& c : chunks)
     complete(c, Cancelled("the manager is shutting down"));
+  chunks.clear();
+}
+
+void Connection::stop() {
+  std::vector<Chunk> left;
+  {
+    std::lock_guard lock(mu_);
+    if (!stopped_) {
+      stopped_ = true;
+      left.swap(incoming_);
+      if (!scheduled_) {
+        scheduled_ = true;
+        loop_.kick(shared_from_this());
+      }
+    }
+  }
+  for (Chunk& c : left)
+    complete(c, Cancelled("the manager is shutting down"));
+  std::thread handshaker;
+  {
+    std::lock_guard lock(handshaker_mu_);
+    handshaker.swap(handshaker_);
+  }
+  if (handshaker.joinable()) handshaker.join();  // the backend's stop signal ends it
+}
+
+bool Connection::idle() {
+  std::lock_guard lock(mu_);
+  return incoming_.empty() && !scheduled_ && !busy_.load(std::memory_order_acquire);
+}
+
+bool Connection::take_incoming() {
+  std::lock_guard lock(mu_);
+  // Busy from here on (settle() says otherwise once it is idle again), so
+  // that idle() never says so of a connection whose work the loop has taken.
+  if (!incoming_.empty()) busy_.store(true, std::memory_order_release);
+  scheduled_ = false;
+  for (Chunk& c : incoming_)
+    pending_.push_back(std::move(c));
+  incoming_.clear();
+  return stopped_;
 }
 
 Status Connection::health() const {
@@ -124,117 +188,182 @@ void Connection::finish_posted(Posted& p, const Status& status) {
   p.region.reset();
 }
 
-// --- the thread -------------------------------------------------------------
+// --- the loop ---------------------------------------------------------------
 
-void Connection::run() {
-  BusyPoll busy(context_.busy_poll);
-  while (!context_.stopping->load(std::memory_order_acquire) && !inbox_.stop_requested()) {
-    bool progressed = inbox_.take(pending_);
-    if (!qp_) {
-      if (pending_.empty()) {
-        if (inbox_.try_exit()) return;
-        continue;
-      }
-      Status backing_off = health();
-      if (!backing_off.ok()) {
-        hand_on_pending(backing_off);
-        continue;
-      }
-      connect();
-      busy.activity();
-      continue;
-    }
-    progressed |= post();
-    progressed |= poll();
-    if (qp_ && !asked_.empty()) progressed |= read_answers();
-    if (!parked_.empty()) progressed |= drop_cancelled_parked();
-    progressed |= cancel_if_needed();
-    if (progressed) {
-      busy.activity();
-      continue;
-    }
-    if (busy.spin()) continue;
-    sleep_idle();
+void Connection::on_run(EventLoop& loop) {
+  if (take_incoming() || context_.stopping->load(std::memory_order_acquire)) {
+    shut_down();
+    return;
   }
-  for (Chunk& c : inbox_.take_all())
-    pending_.push_back(std::move(c));
+  if (handshake_ && !finish_handshake()) return;  // it kicks the loop when done
+  // Answers, or the owner closing the connection (which also runs this).
+  if (qp_) read_answers();
+  for (int round = 0;; ++round) {
+    if (!qp_) {
+      if (!pending_.empty() && !handshake_) begin_handshake();
+      break;
+    }
+    if (!step()) break;
+    if (round + 1 == kRoundsPerRun) {  // let the loop's other pairs run
+      loop.kick(shared_from_this());
+      break;
+    }
+    if (take_incoming()) {
+      shut_down();
+      return;
+    }
+  }
+  settle();
+}
+
+bool Connection::step() {
+  bool progressed = post();
+  progressed |= poll();
+  if (qp_ && !asked_.empty()) progressed |= read_answers();
+  if (!parked_.empty()) progressed |= drop_cancelled_parked();
+  progressed |= cancel_if_needed();
+  if (qp_ && !posted_.empty()) {
+    check_stalled();
+    progressed |= !qp_;  // it reset the pair: what is left goes on a new one
+  }
+  return progressed;
+}
+
+void Connection::settle() {
+  if (qp_ && !posted_.empty()) completions_->expect();
+  if (control_.valid() && !control_watched_) {
+    // An owner that dies closes it at once, while its NIC's silence shows
+    // only after the transport's retries; and answers arrive on it.
+    control_watched_ = loop_.watch(shared_from_this(), control_.get(), EPOLLIN).ok();
+  }
+  const bool waiting = !posted_.empty() || !parked_.empty() || !asked_.empty();
+  // Cancellations and stalls are noticed within kCheckEvery.
+  loop_.wake_at(shared_from_this(), waiting ? Clock::now() + kCheckEvery : Deadline::max());
+  busy_.store(qp_ != nullptr || handshake_ != nullptr || !pending_.empty(),
+              std::memory_order_release);
+  // Work left without a pair (the last round reset it): a handshake next.
+  if (!qp_ && !handshake_ && !pending_.empty()) loop_.kick(shared_from_this());
+}
+
+void Connection::shut_down() {
   if (qp_) reset(0, Cancelled("the manager is shutting down"));
   for (Posted& p : posted_)
     finish_posted(p, Cancelled("the manager is shutting down"));
   posted_.clear();
   fail_pending(Cancelled("the manager is shutting down"));
+  close_control();
+  handshake_.reset();  // its thread's pair goes with it
+  loop_.wake_at(shared_from_this(), Deadline::max());
+  busy_.store(false, std::memory_order_release);
 }
 
-void Connection::sleep_idle() {
-  if (!posted_.empty() || !parked_.empty() || !pending_.empty()) {
-    // Completions or answers are coming: back off, checking often enough
-    // that a cancellation is noticed within a millisecond. Watch the control
-    // connection meanwhile: an owner that dies closes it at once, while its
-    // NIC's silence shows only after the transport's retries.
-    pollfd fd{control_.get(), POLLIN, 0};
-    timespec brief{0, 200'000};
-    if (::ppoll(&fd, 1, &brief, nullptr) > 0) read_answers();
-    if (qp_ && !posted_.empty()) check_stalled();  // (read_answers may have reset the pair)
-    return;
-  }
-  // Nothing in flight: sleep until new work, shutdown, or the owner closing
-  // its side (then the queue pair is useless: reset it now, not mid-op).
-  if (!inbox_.prepare_sleep()) {
-    inbox_.after_sleep(false);
-    return;
-  }
-  pollfd fds[3] = {
-      {inbox_.wake_fd(), POLLIN, 0}, {control_.get(), POLLIN, 0}, {context_.stop_fd, POLLIN, 0}};
-  int rc = ::poll(fds, context_.stop_fd >= 0 ? 3 : 2, -1);
-  inbox_.after_sleep(rc > 0 && (fds[0].revents & POLLIN));
-  if (rc > 0 && fds[1].revents) {
-    RDMABUF_LOG_INFO("ibverbs: the owner at " + context_.owner_address.to_string() +
-                     " closed its queue pair");
-    reset(0, Unavailable("the owner closed the queue pair"));
-  }
+void Connection::close_control() {
+  if (control_watched_) loop_.unwatch(control_.get());
+  control_watched_ = false;
+  control_.reset();
 }
 
-void Connection::connect() {
+void Connection::take_completion(const ibv_wc& wc) {
+  // A completion of an earlier pair whose number this one reuses (one
+  // destroyed before it drained) is not this pair's.
+  if ((wc.wr_id >> kGenerationShift) != generation_) return;
+  arrived_.push_back(wc);
+}
+
+void Connection::begin_handshake() {
+  Status backing_off = health();
+  if (!backing_off.ok()) {
+    hand_on_pending(backing_off);
+    return;
+  }
+  auto room = completions_->reserve();
+  if (!room.ok()) {
+    Status failure(room.status().code(), "cannot set up a queue pair to device " +
+                                             context_.owner_device + " of the owner at " +
+                                             context_.owner_address.to_string() + ": " +
+                                             room.status().message());
+    hand_on_pending(failure);
+    return;
+  }
+  // The handle the first op waiting names: the owner sets up a pair only for
+  // a reader that holds one of its handles.
+  const RemoteBuffer& presented = pending_.front().transfer->op(pending_.front().op).remote;
+  std::lock_guard lock(handshaker_mu_);
+  {
+    // stop() joins every handshake begun before it set stopped_.
+    std::lock_guard stopping(mu_);
+    if (stopped_) return;  // the run it kicked fails what waits
+  }
+  handshake_ = std::make_shared<Handshake>();
+  handshake_->claim = HandleClaim::of(presented);
+  handshaker_ = std::thread(&Connection::shake_hands, context_, handshake_->claim,
+                            std::move(room).value(), handshake_, weak_from_this(), &loop_);
+}
+
+void Connection::shake_hands(ConnectionContext context, HandleClaim claim, CqRoom room,
+                             std::shared_ptr<Handshake> into, std::weak_ptr<Connection> self,
+                             EventLoop* loop) {
   // A budget of its own, not the ops' deadlines: the pair serves the ops
   // that come later too, and a handshake cut short by an impatient op would
   // count as a failure (and back off).
   const Deadline deadline = Clock::now() + kConnectBudget;
-  const std::string where = context_.owner_address.to_string();
-  // The handle the first op waiting names: the owner sets up a pair only for
-  // a reader that holds one of its handles.
-  const RemoteBuffer& presented = pending_.front().transfer->op(pending_.front().op).remote;
-  const HandleClaim claim = HandleClaim::of(presented);
   bool claim_refused = false;
+  std::unique_ptr<QueuePair> pair;
+  Fd control;
   auto attempt = [&]() -> Status {
-    QueuePair::Shape shape{kDepth};
+    QueuePair::Shape shape{kPairDepth};
     shape.inline_bytes = kNoticeBytes;  // a notice goes in its work request where the NIC allows
-    shape.send_sge = gather_limit(*context_.device);
-    RDMABUF_ASSIGN_OR_RETURN(auto qp, QueuePair::create(*context_.device, shape));
-    RDMABUF_ASSIGN_OR_RETURN(Fd fd,
-                             connect_tcp(context_.owner_address, deadline, context_.stop_fd));
-    Hello hello{Channel::kIbverbs, context_.self_id, context_.owner_id};
-    RDMABUF_RETURN_IF_ERROR(exchange_hello(fd.get(), hello, deadline, context_.stop_fd).status());
-    RDMABUF_RETURN_IF_ERROR(send_connect(fd.get(), context_.owner_device, qp->local(), claim,
-                                         deadline, context_.stop_fd));
-    auto accepted = read_accepted(fd.get(), deadline, context_.stop_fd);
+    shape.send_sge = gather_limit(*context.device);
+    RDMABUF_ASSIGN_OR_RETURN(auto qp, QueuePair::create(*context.device, shape, std::move(room)));
+    RDMABUF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(context.owner_address, deadline, context.stop_fd));
+    Hello hello{Channel::kIbverbs, context.self_id, context.owner_id};
+    RDMABUF_RETURN_IF_ERROR(exchange_hello(fd.get(), hello, deadline, context.stop_fd).status());
+    RDMABUF_RETURN_IF_ERROR(send_connect(fd.get(), context.owner_device, qp->local(), claim,
+                                         deadline, context.stop_fd));
+    auto accepted = read_accepted(fd.get(), deadline, context.stop_fd);
     if (!accepted.ok()) {
       claim_refused = refuses_claim(accepted.status().code());
       return accepted.status();
     }
-    const Endpoint remote = *accepted;
-    RDMABUF_RETURN_IF_ERROR(qp->connect(remote));
-    qp_ = std::move(qp);
-    control_ = std::move(fd);
+    RDMABUF_RETURN_IF_ERROR(qp->connect(*accepted));
+    pair = std::move(qp);
+    control = std::move(fd);
     return Status::Ok();
   };
-  Status st = attempt();
+  Status status = attempt();
+  {
+    std::lock_guard lock(into->mu);
+    into->done = true;
+    into->status = std::move(status);
+    into->claim_refused = claim_refused;
+    into->qp = std::move(pair);
+    into->control = std::move(control);
+  }
+  if (auto connection = self.lock()) loop->kick(std::move(connection));
+}
+
+bool Connection::finish_handshake() {
+  {
+    std::lock_guard lock(handshake_->mu);
+    if (!handshake_->done) return false;
+  }
+  std::thread handshaker;
+  {
+    std::lock_guard lock(handshaker_mu_);
+    handshaker.swap(handshaker_);
+  }
+  if (handshaker.joinable()) handshaker.join();  // it has nothing left to do
+  std::shared_ptr<Handshake> done = std::move(handshake_);
+  const std::string where = context_.owner_address.to_string();
+  Status st = done->status;
   if (!st.ok() && context_.stopping->load(std::memory_order_acquire)) {
     fail_pending(Cancelled("the manager is shutting down"));
-    return;
+    return true;
   }
-  if (claim_refused) {
+  if (done->claim_refused) {
     // The handle is at fault, not the owner: its ops fail (and later ones
     // at once), the others try again with a handle of their own.
+    const HandleClaim claim = done->claim;
     Status refused(st.code(), "the owner refused the handle: " + st.message());
     validated_[claim.id] = Validated{claim, refused, 0};
     std::deque<Chunk> kept;
@@ -246,15 +375,21 @@ void Connection::connect() {
       }
     }
     pending_.swap(kept);
-    return;
+    return true;
   }
   if (st.ok()) {
+    qp_ = std::move(done->qp);
+    control_ = std::move(done->control);
+    generation_ = completions_->new_generation();
+    next_wr_ = (generation_ << kGenerationShift) | 1;
+    completed_through_ = next_wr_ - 1;
+    completions_->attach(qp_->qp()->qp_num, this);
     std::lock_guard lock(health_mu_);
     failure_ = Status::Ok();
     backoff_ = std::chrono::milliseconds(100);
     RDMABUF_LOG_DEBUG("ibverbs: queue pair to " + context_.owner_device + " at " + where +
                       " ready");
-    return;
+    return true;
   }
   Status failure(st.code(), "cannot set up a queue pair to device " + context_.owner_device +
                                 " of the owner at " + where + ": " + st.message());
@@ -267,6 +402,7 @@ void Connection::connect() {
   }
   RDMABUF_LOG_INFO("ibverbs: " + failure.message());
   hand_on_pending(failure);
+  return true;
 }
 
 void Connection::hand_on_pending(const Status& failure) {
@@ -410,7 +546,7 @@ Result<std::shared_ptr<MemoryRegion>> Connection::acquire_region(const Chunk& ch
 Result<std::shared_ptr<MemoryRegion>> Connection::build_notice(const Chunk& chunk, ibv_send_wr& wr,
                                                                ibv_sge& sge) {
   if (!notice_region_) {
-    const size_t bytes = size_t{kDepth} * kNoticeBytes;
+    const size_t bytes = size_t{kPairDepth} * kNoticeBytes;
     notice_slots_ = std::make_unique<uint8_t[]>(bytes);
     RDMABUF_ASSIGN_OR_RETURN(notice_region_, register_range(*context_.device, notice_slots_.get(),
                                                             bytes, IBV_ACCESS_LOCAL_WRITE));
@@ -437,16 +573,15 @@ Result<std::shared_ptr<MemoryRegion>> Connection::build_notice(const Chunk& chun
 
 bool Connection::poll() {
   if (posted_.empty()) return false;
-  ibv_wc wc[32];
-  int n = ibv_poll_cq(qp_->cq(), 32, wc);
-  if (n < 0) {
-    reset(0, Internal("ibv_poll_cq failed"));
-    return true;
-  }
-  for (int i = 0; i < n; ++i) {
+  completions_->poll(this);
+  if (arrived_.empty()) return false;
+  std::vector<ibv_wc> wc;
+  wc.swap(arrived_);
+  const size_t n = wc.size();
+  for (size_t i = 0; i < n; ++i) {
     completed_through_ = std::max(completed_through_, wc[i].wr_id);
   }
-  for (int i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (wc[i].status == IBV_WC_SUCCESS) {
       // In order: this and every earlier (unsignalled) request are done.
       while (!posted_.empty() && posted_.front().wr_id <= wc[i].wr_id) {
@@ -469,7 +604,7 @@ bool Connection::poll() {
           wc[i].status);
     return true;
   }
-  return n > 0;
+  return true;
 }
 
 const Connection::Validated* Connection::validated(const RemoteBuffer& remote) const {
@@ -705,30 +840,35 @@ void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
     qp_->to_error().ignore();
     const uint64_t last = posted_.empty() ? 0 : posted_.back().wr_id;
     const auto give_up = Clock::now() + kDrainLimit;
-    while (completed_through_ < last && Clock::now() < give_up) {
-      ibv_wc wc[32];
-      int n = ibv_poll_cq(qp_->cq(), 32, wc);
-      for (int i = 0; i < n; ++i) {
-        completed_through_ = std::max(completed_through_, wc[i].wr_id);
-        if (wc[i].status != IBV_WC_SUCCESS) continue;
+    for (;;) {
+      // Taken earlier and not yet looked at, or polled now.
+      std::vector<ibv_wc> wc;
+      wc.swap(arrived_);
+      for (const ibv_wc& c : wc) {
+        completed_through_ = std::max(completed_through_, c.wr_id);
+        if (c.status != IBV_WC_SUCCESS) continue;
         // Finished before the error took hold: done, not to be repeated.
-        while (!posted_.empty() && posted_.front().wr_id <= wc[i].wr_id) {
+        while (!posted_.empty() && posted_.front().wr_id <= c.wr_id) {
           finish_posted(posted_.front(), Status::Ok());
           posted_.pop_front();
         }
       }
-      if (n <= 0) sleep_for(std::chrono::microseconds(50));
+      if (completed_through_ >= last || Clock::now() >= give_up) break;
+      if (wc.empty()) sleep_for(std::chrono::microseconds(50));
+      completions_->poll(this);
     }
     if (completed_through_ < last) {
       RDMABUF_LOG_WARN("ibverbs: a queue pair did not drain in time; destroying it");
     }
+    completions_->detach(qp_->qp()->qp_num);
+    arrived_.clear();
     qp_.reset();  // destroying it also stops the NIC from using it
   }
   for (Posted& p : posted_) {
     if (p.wr_id == failed && failed_wc != IBV_WC_SUCCESS) cause = explain(failed_wc, p.chunk);
   }
   if (failed_transfer) RDMABUF_LOG_INFO("ibverbs: work request failed: " + cause.to_string());
-  control_.reset();
+  close_control();
   // The keys were granted to this pair alone; refusals stay true.
   std::erase_if(validated_, [](const auto& entry) { return !is_refusal(entry.second.answer); });
   asked_.clear();

@@ -1,5 +1,6 @@
 // The reader side of the ibverbs backend: one RC queue pair to one device of
-// one owner, and the thread that drives it.
+// one owner, driven on an event loop that it shares with other pairs (and
+// their completion queue: completion_queue.h).
 #pragma once
 
 #include <algorithm>
@@ -11,13 +12,15 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "backends/ibverbs/completion_queue.h"
 #include "backends/ibverbs/device.h"
 #include "backends/ibverbs/handshake.h"
 #include "backends/ibverbs/queue_pair.h"
-#include "common/inbox.h"
+#include "common/event_loop.h"
 #include "common/socket.h"
 #include "rdmabuf/backend.h"
 
@@ -31,13 +34,15 @@ struct ConnectionContext {
   uint64_t owner_id = 0;
   std::string owner_device;
   uint64_t self_id = 0;
-  std::chrono::microseconds busy_poll{0};
   // Backend-wide shutdown: the flag for loops, the eventfd for polls.
   const std::atomic<bool>* stopping = nullptr;
   int stop_fd = -1;
   // Takes ops this connection cannot carry (no queue pair) to another backend.
   OpRouter* router = nullptr;
 };
+
+// Work requests a reader's queue pair holds at once.
+constexpr uint32_t kPairDepth = 512;
 
 // The most local pieces one work request of a connection gathers or
 // scatters into, whatever the device allows beyond.
@@ -78,14 +83,15 @@ struct Chunk {
   bool notice = false;
 };
 
-// The queue pair is created lazily: the first chunk starts the thread, which
-// runs the handshake with the owner over its listener (the owner creates its
-// side and keeps it while the handshake's connection stays open), then posts
-// work requests (many in flight, signalled selectively) and polls their
-// completions (spinning for the busy-poll window, then backing off).
+// The queue pair is created lazily: the first chunk starts the handshake
+// with the owner over its listener, on a thread of its own that ends with
+// it (the owner creates its side and keeps it while the handshake's
+// connection stays open), while the loop goes on serving other pairs. Then
+// the loop posts work requests (many in flight, signalled selectively),
+// and takes their completions from the loop's shared queue.
 //
 // When a work request fails, or a transfer with work requests in flight is
-// cancelled (its deadline passed), the thread moves the queue pair to error
+// cancelled (its deadline passed), the loop moves the queue pair to error
 // and drains it, so that no DMA can touch local memory any more, and only
 // then completes the chunks: the failed one with the root cause (never the
 // flush errors that follow it), cancelled ones as cancelled, and the others
@@ -94,10 +100,13 @@ struct Chunk {
 // op whose notice was posted and had not completed: it may have reached the
 // owner, and bytes posted again after it would land after the owner was
 // told they had (Unavailable: the write and its notice may have landed).
+// A drain holds the loop (a NIC flushes in microseconds; at most
+// kDrainLimit), and so does asking the owner why a request was refused
+// (explain(): at most kExplainLimit).
 //
 // Before a handle's first use on a queue pair the owner confirms it (see
 // ask()): the handle's chunks wait aside, never posted, while the question
-// is out, and the thread goes on posting and polling for everyone else. An
+// is out, and the loop goes on posting and polling for everyone else. An
 // owner that does not answer within 10 s has its queue pair reset. While
 // requests are in flight and none completes for a second, the owner is
 // asked again about their buffers (see check_stalled()).
@@ -107,10 +116,14 @@ struct Chunk {
 // already fail. It is remembered for a backoff (100 ms, doubling to 5 s):
 // meanwhile health() reports it, so new ops go elsewhere at once; afterwards
 // the next chunk tries again.
-class Connection {
+class Connection final : public LoopTask,
+                         public CompletionSink,
+                         public std::enable_shared_from_this<Connection> {
  public:
-  explicit Connection(ConnectionContext context);
-  ~Connection();
+  // Driven on `loop`, whose completion queues `completions` are.
+  Connection(ConnectionContext context, EventLoop& loop,
+             std::shared_ptr<LoopCompletions> completions);
+  ~Connection() override;
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
@@ -118,11 +131,33 @@ class Connection {
   void enqueue(std::vector<Chunk>& chunks);
   // OK, or the last handshake failure while its backoff lasts.
   Status health() const;
-  // Joins the thread; every chunk not finished completes with kCancelled.
+  // Every chunk not finished completes with kCancelled: those not yet on
+  // the loop here, the others on the loop's next run of the connection (at
+  // the latest as the loop stops), which also destroys the queue pair.
+  // Waits for a handshake under way, which the backend's stop signal
+  // ends. Later enqueues fail at once.
   void stop();
-  bool idle() { return inbox_.idle(); }
+  // True when no work waits and the connection holds no queue pair and no
+  // handshake: it can be forgotten.
+  bool idle();
+
+  void on_run(EventLoop& loop) override;
+  void take_completion(const ibv_wc& wc) override;
+  std::shared_ptr<LoopTask> sink_task() override { return shared_from_this(); }
 
  private:
+  // A handshake under way on its own thread, and what it came to.
+  struct Handshake {
+    HandleClaim claim;  // presented to the owner
+    std::mutex mu;
+    // Under mu: set once, by the handshake's thread.
+    bool done = false;
+    Status status;
+    bool claim_refused = false;  // the owner refused the handle presented
+    std::unique_ptr<QueuePair> qp;
+    Fd control;
+  };
+
   struct Posted {
     Chunk chunk;
     std::shared_ptr<MemoryRegion> region;  // the local registration the NIC uses
@@ -144,15 +179,30 @@ class Connection {
     uint32_t rkey = 0;
   };
 
-  void run();
-  void connect();
+  // Moves what was enqueued to pending_; true once stop() was called.
+  bool take_incoming();
+  // Completes every chunk held as cancelled and destroys the queue pair.
+  void shut_down();
+  // One pass at posting, completions, answers and cancellations; false
+  // when nothing moved.
+  bool step();
+  // Watches the control connection, asks for polling while requests are
+  // in flight, and sets the timer that notices cancellations and stalls.
+  void settle();
+  // Starts a handshake for the chunks waiting, unless a failure's backoff
+  // lasts (then they go on to another backend).
+  void begin_handshake();
+  // The handshake's thread: a pair on `room`, set up with the owner.
+  static void shake_hands(ConnectionContext context, HandleClaim claim, CqRoom room,
+                          std::shared_ptr<Handshake> into, std::weak_ptr<Connection> self,
+                          EventLoop* loop);
+  // Takes the handshake's outcome once it is done; false while under way.
+  bool finish_handshake();
   bool post();
   bool poll();
   bool cancel_if_needed();
-  void sleep_idle();
-  // Looks at the requests in flight (from sleep_idle(), which it leaves
-  // for while some are). A NIC refuses an access to a buffer its owner
-  // deregistered mid-op at once (poll(), explain(): NotFound), but
+  // Looks at the requests in flight (step(), while there are some). A NIC refuses an access
+  // to a buffer its owner deregistered mid-op at once (poll(), explain(): NotFound), but
   // Soft-RoCE's responder (Linux 6.1) may leave an RDMA READ of one neither
   // answered nor refused, and its requester waits for the rest of the
   // response for ever: the op would run to its deadline. So when no
@@ -188,7 +238,7 @@ class Connection {
   // Takes the answers that have arrived, without blocking; an error when the
   // control connection failed or the owner answered out of turn.
   Status take_answers();
-  // take_answers() for the thread's loop: resets the queue pair on an error
+  // take_answers() for the loop: resets the queue pair on an error
   // or an owner that leaves a question unanswered too long.
   bool read_answers();
   // Chunks of cancelled transfers that wait for an answer complete now.
@@ -208,17 +258,36 @@ class Connection {
   // The queue pair cannot be set up: see the class comment.
   void hand_on_pending(const Status& failure);
 
+  // Closes the control connection (and stops watching it).
+  void close_control();
+
   const ConnectionContext context_;
+  EventLoop& loop_;
+  const std::shared_ptr<LoopCompletions> completions_;
   mutable std::mutex health_mu_;
   Status failure_;
   Clock::time_point retry_at_{};
   std::chrono::milliseconds backoff_{100};
 
-  Inbox<Chunk> inbox_;
+  // Shared with submitters, under mu_.
+  std::mutex mu_;
+  std::vector<Chunk> incoming_;
+  bool scheduled_ = false;  // kicked, and not yet run since
+  bool stopped_ = false;
+  std::atomic<bool> busy_{false};  // the loop holds work, a pair or a handshake
 
-  // The thread's own state.
+  // The handshake's thread, joined by the loop once it is done, or by stop().
+  // Taken before mu_ where both are held.
+  std::mutex handshaker_mu_;
+  std::thread handshaker_;
+
+  // The loop's own state.
+  std::shared_ptr<Handshake> handshake_;  // while one is under way
   std::unique_ptr<QueuePair> qp_;
-  Fd control_;  // the handshake's connection: the owner's side lives as long
+  uint64_t generation_ = 0;      // qp_'s (LoopCompletions::new_generation)
+  std::vector<ibv_wc> arrived_;  // qp_'s completions, taken for the next poll()
+  Fd control_;                   // the handshake's connection: the owner's side lives as long
+  bool control_watched_ = false;
   std::deque<Chunk> pending_;
   std::deque<Posted> posted_;  // in post order
   uint64_t next_wr_ = 1;

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "backends/ibverbs/completion_queue.h"
 #include "backends/ibverbs/connection.h"
 #include "backends/ibverbs/device.h"
 #include "backends/ibverbs/gpu_registration.h"
@@ -13,7 +14,9 @@
 #include "backends/ibverbs/message_channel.h"
 #include "backends/ibverbs/remote_access.h"
 #include "backends/ibverbs/responder.h"
+#include "common/event_loop.h"
 #include "common/hello.h"
+#include "common/io_pool.h"
 #include "common/log.h"
 #include "common/op_extents.h"
 #include "common/op_text.h"
@@ -73,6 +76,20 @@ class IbverbsBackend final : public Backend {
                               std::to_string(gathering_work_requests_.load()));
     info.details.emplace_back("local pieces per work request",
                               std::to_string(gather_limit(*device_)));
+    // The reader's queue pairs, on its I/O threads and their completion
+    // queues (shared by every pair on one thread).
+    int pairs = 0, queues = 0, threads = 0;
+    {
+      std::lock_guard lock(connections_mu_);
+      for (const auto& [loop, completions] : completions_) {
+        pairs += completions->pairs();
+        queues += completions->queues();
+      }
+      threads = loops_ ? loops_->threads() : 0;
+    }
+    info.details.emplace_back("reader queue pairs", std::to_string(pairs));
+    info.details.emplace_back("reader completion queues", std::to_string(queues));
+    info.details.emplace_back("reader I/O threads", std::to_string(threads));
     return info;
   }
 
@@ -226,9 +243,20 @@ class IbverbsBackend final : public Backend {
   void shutdown() override {
     stopping_.store(true);
     signal_eventfd(stop_fd_.get());
-    std::lock_guard lock(connections_mu_);
-    for (auto& [key, connection] : connections_)
+    std::vector<std::shared_ptr<Connection>> connections;
+    EventLoops* loops = nullptr;
+    {
+      std::lock_guard lock(connections_mu_);
+      for (auto& [key, connection] : connections_)
+        connections.push_back(connection);
+      loops = loops_.get();
+    }
+    // Outside the lock: a stop completes ops, whose callbacks may submit
+    // more (which fail at once). The loops run the connections' last runs
+    // (each drains and destroys its pair) before they end.
+    for (auto& connection : connections)
       connection->stop();
+    if (loops) loops->stop();
   }
 
  private:
@@ -254,6 +282,16 @@ class IbverbsBackend final : public Backend {
       }
     }
     RDMABUF_ASSIGN_OR_RETURN(HostPort address, parse_host_port(remote.owner().address));
+    if (!loops_) {  // a process that only owns buffers never starts them
+      RDMABUF_ASSIGN_OR_RETURN(loops_, EventLoops::create(io_threads_for(env_.config.io_threads),
+                                                          env_.config.busy_poll));
+    }
+    EventLoop& loop = loops_->next();
+    std::shared_ptr<LoopCompletions>& completions = completions_[&loop];
+    if (!completions) {
+      RDMABUF_ASSIGN_OR_RETURN(
+          completions, LoopCompletions::create(device_, loop, kPairDepth, env_.config.busy_poll));
+    }
     ConnectionContext context;
     context.device = device_.get();
     context.registrations = &registrations_;
@@ -261,11 +299,10 @@ class IbverbsBackend final : public Backend {
     context.owner_id = remote.owner().manager_id;
     context.owner_device = c.device;
     context.self_id = env_.self.manager_id;
-    context.busy_poll = env_.config.busy_poll;
     context.stopping = &stopping_;
     context.stop_fd = stop_fd_.get();
     context.router = env_.router;
-    auto connection = std::make_shared<Connection>(std::move(context));
+    auto connection = std::make_shared<Connection>(std::move(context), loop, completions);
     connections_.emplace(std::move(key), connection);
     return connection;
   }
@@ -288,7 +325,11 @@ class IbverbsBackend final : public Backend {
   RemoteAccess access_;
 
   mutable std::mutex connections_mu_;
+  // Guarded by connections_mu_ (loops_ is made once, on the first
+  // connection, and stopped at shutdown).
   std::map<ConnectionKey, std::shared_ptr<Connection>> connections_;
+  std::unique_ptr<EventLoops> loops_;  // the reader's queue pairs' threads
+  std::map<EventLoop*, std::shared_ptr<LoopCompletions>> completions_;  // one per loop
 };
 
 }  // namespace

@@ -28,28 +28,50 @@ Status modify(const IbvLib& lib, ibv_qp* qp, ibv_qp_attr& attr, int mask, const 
 
 }  // namespace
 
-Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const Shape& shape) {
-  const IbvLib& lib = device.lib();
+Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const Shape& shape,
+                                                     CqRoom room) {
+  if (!room || shape.receive_depth > 0) {
+    return Internal("a queue pair on a shared completion queue takes no receives");
+  }
   std::unique_ptr<QueuePair> qp(new QueuePair(device));
+  qp->shared_ = std::move(room);
+  qp->cq_ = qp->shared_.cq();
+  RDMABUF_RETURN_IF_ERROR(qp->init(shape));
+  return qp;
+}
+
+Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const Shape& shape) {
+  std::unique_ptr<QueuePair> qp(new QueuePair(device));
+  RDMABUF_RETURN_IF_ERROR(qp->init(shape));
+  return qp;
+}
+
+Status QueuePair::init(const Shape& shape) {
+  const Device& device = device_;
+  const IbvLib& lib = device.lib();
   const auto most_wr = static_cast<uint32_t>(device.attr().max_qp_wr);
-  qp->depth_ = std::min(shape.send_depth, most_wr);
-  qp->rd_atomic_ = static_cast<uint8_t>(
+  depth_ = std::min(shape.send_depth, most_wr);
+  rd_atomic_ = static_cast<uint8_t>(
       std::clamp(device.attr().max_qp_rd_atom, 1, static_cast<int>(kMaxRdAtomic)));
-  qp->cq_ = lib.create_cq(device.context(), static_cast<int>(qp->depth_ + 1), nullptr, nullptr, 0);
-  if (!qp->cq_) return ResourceExhausted("cannot create a completion queue: " + errno_text(errno));
+  if (!cq_) {
+    cq_ = lib.create_cq(device.context(), static_cast<int>(depth_ + 1), nullptr, nullptr, 0);
+    if (!cq_) {
+      return ResourceExhausted("cannot create a completion queue: " + errno_text(errno));
+    }
+  }
   const uint32_t receive_depth = std::min(shape.receive_depth, most_wr);
   if (receive_depth > 0) {
-    qp->recv_cq_ = lib.create_cq(device.context(), static_cast<int>(receive_depth + 1), nullptr,
-                                 shape.receive_events, 0);
-    if (!qp->recv_cq_) {
+    recv_cq_ = lib.create_cq(device.context(), static_cast<int>(receive_depth + 1), nullptr,
+                             shape.receive_events, 0);
+    if (!recv_cq_) {
       return ResourceExhausted("cannot create a completion queue: " + errno_text(errno));
     }
   }
   ibv_qp_init_attr init{};
-  init.send_cq = qp->cq_;
-  init.recv_cq = qp->recv_cq();
+  init.send_cq = cq_;
+  init.recv_cq = recv_cq();
   init.qp_type = IBV_QPT_RC;
-  init.cap.max_send_wr = qp->depth_;
+  init.cap.max_send_wr = depth_;
   init.cap.max_recv_wr = std::max<uint32_t>(receive_depth, 1);
   // An inline SEND gathers on the stack; a READ or WRITE, the chunk's pieces.
   init.cap.max_send_sge = std::clamp<uint32_t>(
@@ -58,25 +80,23 @@ Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const
   init.sq_sig_all = 0;
   init.cap.max_inline_data = shape.inline_bytes;
   ibv_pd* pd = shape.pd ? shape.pd : device.pd();
-  qp->qp_ = lib.create_qp(pd, &init);
-  if (!qp->qp_ && init.cap.max_inline_data > 0) {
+  qp_ = lib.create_qp(pd, &init);
+  if (!qp_ && init.cap.max_inline_data > 0) {
     // More than the device carries: the least then.
     init.cap.max_inline_data = 0;
-    qp->qp_ = lib.create_qp(pd, &init);
+    qp_ = lib.create_qp(pd, &init);
   }
-  if (!qp->qp_) return ResourceExhausted("cannot create a queue pair: " + errno_text(errno));
-  qp->inline_bytes_ = init.cap.max_inline_data;  // what the device granted
-  qp->psn_ = static_cast<uint32_t>(secure_random_u64() & 0xffffff);
+  if (!qp_) return ResourceExhausted("cannot create a queue pair: " + errno_text(errno));
+  inline_bytes_ = init.cap.max_inline_data;  // what the device granted
+  psn_ = static_cast<uint32_t>(secure_random_u64() & 0xffffff);
 
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_INIT;
   attr.pkey_index = 0;
   attr.port_num = device.port();
   attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | shape.remote_access;
-  RDMABUF_RETURN_IF_ERROR(
-      modify(lib, qp->qp_, attr,
-             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT"));
-  return qp;
+  return modify(lib, qp_, attr,
+                IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
 }
 
 QueuePair::~QueuePair() {
@@ -92,7 +112,7 @@ QueuePair::~QueuePair() {
       lib.ack_cq_events(cq, 1);
   }
   if (recv_cq_) lib.destroy_cq(recv_cq_);
-  if (cq_) lib.destroy_cq(cq_);
+  if (cq_ && !shared_) lib.destroy_cq(cq_);
 }
 
 Endpoint QueuePair::local() const {

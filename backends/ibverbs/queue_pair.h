@@ -1,9 +1,11 @@
-// An RC queue pair with its own completion queues, and its state changes.
+// An RC queue pair with its own completion queues or a shared one, and its
+// state changes.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
+#include "backends/ibverbs/completion_queue.h"
 #include "backends/ibverbs/device.h"
 
 namespace rdmabuf::ibverbs {
@@ -46,7 +48,11 @@ class QueuePair {
   static Result<std::unique_ptr<QueuePair>> create(const Device& device, uint32_t depth) {
     return create(device, Shape{depth});
   }
-  ~QueuePair();  // the queue pair first, then its completion queues
+  // The same, on the shared queue `room` is on (which serves both queues:
+  // `shape` takes no receives); the room goes back after the pair.
+  static Result<std::unique_ptr<QueuePair>> create(const Device& device, const Shape& shape,
+                                                   CqRoom room);
+  ~QueuePair();  // the queue pair first, then its completion queues (or room)
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
 
@@ -67,8 +73,11 @@ class QueuePair {
 
  private:
   QueuePair(const Device& device) : device_(device) {}
+  // Creates what cq_ does not have yet, and the pair, and moves it to INIT.
+  Status init(const Shape& shape);
 
   const Device& device_;
+  CqRoom shared_;  // when cq_ is a shared queue's
   ibv_cq* cq_ = nullptr;
   ibv_cq* recv_cq_ = nullptr;  // null: cq_
   ibv_qp* qp_ = nullptr;

@@ -1,0 +1,186 @@
+#include "backends/ibverbs/completion_queue.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "common/log.h"
+
+namespace rdmabuf::ibverbs {
+namespace {
+
+// The most entries one shared queue has, whatever the device allows beyond.
+constexpr int kMaxCqe = 65536;
+// Completions taken per ibv_poll_cq.
+constexpr int kPollBatch = 32;
+
+}  // namespace
+
+Result<std::shared_ptr<CompletionChannel>> CompletionChannel::create(
+    std::shared_ptr<const Device> device) {
+  const IbvLib& lib = device->lib();
+  ibv_comp_channel* channel = lib.create_comp_channel(device->context());
+  if (!channel)
+    return ResourceExhausted("cannot create a completion channel: " + errno_text(errno));
+  auto owned = std::make_shared<CompletionChannel>(std::move(device), channel);
+  const int flags = ::fcntl(channel->fd, F_GETFL);
+  if (flags < 0 || ::fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return Internal("fcntl: " + errno_text(errno));
+  }
+  return owned;
+}
+
+CompletionChannel::~CompletionChannel() {
+  device_->lib().destroy_comp_channel(channel_);
+}
+
+Result<std::shared_ptr<SharedCq>> SharedCq::create(std::shared_ptr<CompletionChannel> channel,
+                                                   int cqe, uint32_t capacity) {
+  const Device& device = channel->device();
+  ibv_cq* cq = device.lib().create_cq(device.context(), cqe, nullptr, channel->get(), 0);
+  if (!cq) return ResourceExhausted("cannot create a completion queue: " + errno_text(errno));
+  auto shared = std::make_shared<SharedCq>(std::move(channel), cq, capacity);
+  if (ibv_req_notify_cq(cq, 0) != 0) {
+    return Internal("cannot arm a completion queue's events");
+  }
+  return shared;
+}
+
+SharedCq::~SharedCq() {
+  // Every event got from the channel was acknowledged at once (rearm()),
+  // so this does not wait.
+  channel_->device().lib().destroy_cq(cq_);
+}
+
+bool SharedCq::reserve() {
+  uint32_t pairs = pairs_.load(std::memory_order_relaxed);
+  while (pairs < capacity_) {
+    if (pairs_.compare_exchange_weak(pairs, pairs + 1, std::memory_order_acq_rel)) return true;
+  }
+  return false;
+}
+
+Result<std::shared_ptr<LoopCompletions>> LoopCompletions::create(
+    std::shared_ptr<const Device> device, EventLoop& loop, uint32_t pair_depth,
+    std::chrono::microseconds busy_poll) {
+  const int cqe = std::min(device->attr().max_cqe, kMaxCqe);
+  // A pair owes at most its depth of completions, plus one: the queue's
+  // own spare (queue_pair.cc sizes private queues the same way).
+  const int per_pair = static_cast<int>(pair_depth) + 1;
+  if (cqe < per_pair) {
+    return ResourceExhausted("the device's completion queues hold " + std::to_string(cqe) +
+                             " entries, fewer than one queue pair's " + std::to_string(per_pair));
+  }
+  RDMABUF_ASSIGN_OR_RETURN(auto channel, CompletionChannel::create(std::move(device)));
+  std::shared_ptr<LoopCompletions> completions(new LoopCompletions(
+      loop, std::move(channel), static_cast<uint32_t>(cqe / per_pair), cqe, busy_poll));
+  completions->scheduled_ = true;  // its first run watches the channel
+  loop.kick(completions);
+  return completions;
+}
+
+LoopCompletions::LoopCompletions(EventLoop& loop, std::shared_ptr<CompletionChannel> channel,
+                                 uint32_t pairs_per_cq, int cqe,
+                                 std::chrono::microseconds busy_poll)
+    : loop_(loop),
+      channel_(std::move(channel)),
+      pairs_per_cq_(pairs_per_cq),
+      cqe_(cqe),
+      busy_poll_(busy_poll) {}
+
+LoopCompletions::~LoopCompletions() = default;
+
+Result<CqRoom> LoopCompletions::reserve() {
+  for (const auto& queue : queues_) {
+    if (queue->reserve()) return CqRoom(queue);
+  }
+  RDMABUF_ASSIGN_OR_RETURN(auto queue, SharedCq::create(channel_, cqe_, pairs_per_cq_));
+  queues_.push_back(queue);
+  queue_count_.fetch_add(1, std::memory_order_relaxed);
+  if (!queue->reserve()) return Internal("a new completion queue has no room");
+  return CqRoom(std::move(queue));
+}
+
+void LoopCompletions::attach(uint32_t qp_num, CompletionSink* sink) {
+  if (sinks_.insert_or_assign(qp_num, sink).second) pair_count_.fetch_add(1);
+}
+
+void LoopCompletions::detach(uint32_t qp_num) {
+  if (sinks_.erase(qp_num) > 0) pair_count_.fetch_sub(1);
+}
+
+int LoopCompletions::poll(const CompletionSink* self) {
+  int taken = 0;
+  ibv_wc wc[kPollBatch];
+  for (const auto& queue : queues_) {
+    int n;
+    do {
+      n = ibv_poll_cq(queue->cq(), kPollBatch, wc);
+      if (n < 0) {
+        // The queue overran or the device failed: its pairs' requests never
+        // complete, and the ops on them end at their deadlines.
+        RDMABUF_LOG_ERROR("ibverbs: ibv_poll_cq failed on a shared completion queue");
+        break;
+      }
+      for (int i = 0; i < n; ++i) {
+        auto it = sinks_.find(wc[i].qp_num);
+        if (it == sinks_.end()) continue;  // a pair destroyed without draining
+        CompletionSink* sink = it->second;
+        sink->take_completion(wc[i]);
+        if (sink != self && std::find(woken_.begin(), woken_.end(), sink) == woken_.end())
+          woken_.push_back(sink);
+      }
+      taken += std::max(n, 0);
+    } while (n == kPollBatch);
+  }
+  for (CompletionSink* sink : woken_)
+    loop_.kick(sink->sink_task());
+  woken_.clear();
+  if (taken > 0) last_completion_ = Clock::now();
+  return taken;
+}
+
+void LoopCompletions::expect() {
+  last_completion_ = Clock::now();  // a busy window from now
+  if (scheduled_) return;
+  scheduled_ = true;
+  loop_.kick(shared_from_this());
+}
+
+void LoopCompletions::rearm() {
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  const IbvLib& lib = channel_->device().lib();
+  while (lib.get_cq_event(channel_->get(), &cq, &context) == 0)  // EAGAIN ends it
+    lib.ack_cq_events(cq, 1);
+  for (const auto& queue : queues_) {
+    if (ibv_req_notify_cq(queue->cq(), 0) != 0) {
+      RDMABUF_LOG_ERROR("ibverbs: cannot arm a shared completion queue's events");
+    }
+  }
+}
+
+void LoopCompletions::on_run(EventLoop& loop) {
+  scheduled_ = false;
+  if (!watching_) {
+    Status watched = loop.watch(shared_from_this(), channel_->get()->fd, EPOLLIN);
+    if (!watched.ok()) RDMABUF_LOG_ERROR("ibverbs: " + watched.message());
+    watching_ = watched.ok();
+  }
+  poll(nullptr);
+  if (Clock::now() - last_completion_ < busy_poll_) {  // busy: poll again on the next turn
+    scheduled_ = true;
+    loop.kick(shared_from_this());
+    return;
+  }
+  // Quiet: armed before sleeping, then polled once more for what came
+  // between the last poll and the arming (it raises no event).
+  rearm();
+  if (poll(nullptr) > 0) {
+    scheduled_ = true;
+    loop.kick(shared_from_this());
+  }
+}
+
+}  // namespace rdmabuf::ibverbs

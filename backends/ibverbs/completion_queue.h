@@ -1,0 +1,167 @@
+// Completion queues shared by the reader's queue pairs: every pair driven
+// on one event loop reports its send completions into that loop's queues,
+// and the loop's thread polls them all and hands each completion to its
+// pair. Neither queues nor polling threads grow with the number of owners.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/ibverbs/device.h"
+#include "common/event_loop.h"
+
+namespace rdmabuf::ibverbs {
+
+// A completion queue for up to `capacity` queue pairs of `depth` work
+// requests each: room for every completion they can owe at once (a pair
+// moved to error flushes all it holds). Its events go to one channel.
+// A completion channel; it outlives every queue that reports to it.
+class CompletionChannel {
+ public:
+  // Its descriptor does not block.
+  static Result<std::shared_ptr<CompletionChannel>> create(std::shared_ptr<const Device> device);
+  CompletionChannel(std::shared_ptr<const Device> device, ibv_comp_channel* channel)
+      : device_(std::move(device)), channel_(channel) {}
+  ~CompletionChannel();
+  CompletionChannel(const CompletionChannel&) = delete;
+  CompletionChannel& operator=(const CompletionChannel&) = delete;
+  ibv_comp_channel* get() const { return channel_; }
+  const Device& device() const { return *device_; }
+
+ private:
+  const std::shared_ptr<const Device> device_;
+  ibv_comp_channel* const channel_;
+};
+
+class SharedCq {
+ public:
+  // A queue of `cqe` entries reporting to `channel`, armed.
+  static Result<std::shared_ptr<SharedCq>> create(std::shared_ptr<CompletionChannel> channel,
+                                                  int cqe, uint32_t capacity);
+  SharedCq(std::shared_ptr<CompletionChannel> channel, ibv_cq* cq, uint32_t capacity)
+      : channel_(std::move(channel)), cq_(cq), capacity_(capacity) {}
+  ~SharedCq();  // after every pair on it is gone
+  SharedCq(const SharedCq&) = delete;
+  SharedCq& operator=(const SharedCq&) = delete;
+
+  ibv_cq* cq() const { return cq_; }
+  // Takes room for one more pair; false when full.
+  bool reserve();
+  void release() { pairs_.fetch_sub(1, std::memory_order_acq_rel); }
+
+ private:
+  const std::shared_ptr<CompletionChannel> channel_;
+  ibv_cq* const cq_;
+  const uint32_t capacity_;
+  std::atomic<uint32_t> pairs_{0};
+};
+
+// Room for one queue pair on a shared queue, given back when destroyed
+// (after the pair: QueuePair holds it). Move-only.
+class CqRoom {
+ public:
+  CqRoom() = default;
+  explicit CqRoom(std::shared_ptr<SharedCq> cq) : cq_(std::move(cq)) {}
+  CqRoom(CqRoom&& other) noexcept = default;
+  CqRoom& operator=(CqRoom&& other) noexcept {
+    if (this != &other) {
+      if (cq_) cq_->release();
+      cq_ = std::move(other.cq_);
+    }
+    return *this;
+  }
+  ~CqRoom() {
+    if (cq_) cq_->release();
+  }
+  ibv_cq* cq() const { return cq_ ? cq_->cq() : nullptr; }
+  explicit operator bool() const { return cq_ != nullptr; }
+
+ private:
+  std::shared_ptr<SharedCq> cq_;
+};
+
+// Where a work request's id keeps its pair's generation
+// (LoopCompletions::new_generation); the bits below count its requests.
+constexpr int kGenerationShift = 40;
+
+// What a queue pair's completions go to: its driver on the same loop.
+class CompletionSink {
+ public:
+  virtual ~CompletionSink() = default;
+  // On the loop's thread, while attached. Takes the completion (keeps it
+  // for its next run); must not poll.
+  virtual void take_completion(const ibv_wc& wc) = 0;
+  // The task to kick once completions were taken for it.
+  virtual std::shared_ptr<LoopTask> sink_task() = 0;
+};
+
+// The completion queues of one event loop, polled by its thread: right
+// after each run of a pair that has work in flight, in a busy loop for
+// `busy_poll` after the last completion, and otherwise when the channel
+// says a completion came (every queue is armed before the loop sleeps).
+class LoopCompletions final : public LoopTask,
+                              public std::enable_shared_from_this<LoopCompletions> {
+ public:
+  // `pair_depth`: the work requests each pair holds (their completions
+  // must fit); queues of up to kMaxCqe entries each.
+  static Result<std::shared_ptr<LoopCompletions>> create(std::shared_ptr<const Device> device,
+                                                         EventLoop& loop, uint32_t pair_depth,
+                                                         std::chrono::microseconds busy_poll);
+  ~LoopCompletions() override;
+
+  // The loop's thread only (as every call below). Room for one pair on a
+  // queue of this loop's, making a new queue when every one is full.
+  Result<CqRoom> reserve();
+
+  // Completions of the pair numbered `qp_num` go to
+  // `sink` from now until detach(), which must come before the pair is
+  // destroyed; completions of a pair nobody is attached to are dropped.
+  void attach(uint32_t qp_num, CompletionSink* sink);
+  void detach(uint32_t qp_num);
+  // Polls every queue now, handing each completion to its sink, and kicks
+  // the sinks that got any other than `self` (which takes its own at once).
+  // The number of completions taken.
+  int poll(const CompletionSink* self);
+  // A pair posted work: polling goes on (busy, then armed) until it is done.
+  void expect();
+  // A number for a new pair, never the same as the last 2^24 pairs' of this
+  // loop: its work requests carry it (kGenerationShift), so that a
+  // completion of an earlier pair whose number the new one reuses is known.
+  uint64_t new_generation() { return ++generations_ & 0xffffff; }
+
+  // Any thread, for BackendInfo: queues made, and pairs attached now.
+  int queues() const { return queue_count_.load(std::memory_order_relaxed); }
+  int pairs() const { return pair_count_.load(std::memory_order_relaxed); }
+
+  void on_run(EventLoop& loop) override;
+
+ private:
+  LoopCompletions(EventLoop& loop, std::shared_ptr<CompletionChannel> channel,
+                  uint32_t pairs_per_cq, int cqe, std::chrono::microseconds busy_poll);
+  // Takes the channel's events (acknowledged at once) and arms every queue
+  // for the next completion.
+  void rearm();
+
+  EventLoop& loop_;
+  const std::shared_ptr<CompletionChannel> channel_;
+  const uint32_t pairs_per_cq_;
+  const int cqe_;
+  const std::chrono::microseconds busy_poll_;
+  std::atomic<int> queue_count_{0};
+  std::atomic<int> pair_count_{0};
+
+  // The loop's thread's own state.
+  std::vector<std::shared_ptr<SharedCq>> queues_;
+  bool watching_ = false;   // the channel's descriptor is watched
+  bool scheduled_ = false;  // kicked and not yet run
+  Clock::time_point last_completion_{};
+  std::unordered_map<uint32_t, CompletionSink*> sinks_;
+  std::vector<CompletionSink*> woken_;  // scratch for poll()
+  uint64_t generations_ = 0;
+};
+
+}  // namespace rdmabuf::ibverbs

@@ -1,0 +1,157 @@
+// One reader of many owners over ibverbs: its queue pairs run on its fixed
+// I/O threads and share their completion queues, so neither grows with the
+// owners it reads. Skips, saying why, where ibverbs is not viable
+// (scripts/softroce-vm runs these tests).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/helpers/backend_detail.h"
+#include "tests/integration/integration.h"
+
+namespace rdmabuf::testing {
+namespace {
+
+int threads_now() {
+  int n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++n;
+  return n;
+}
+
+int threads_named(const std::string& wanted) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name == wanted ? 1 : 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Manager> ibverbs_manager(int io_threads = 0) {
+  return make_manager([&](Config& c) {
+    c.backends = {"ibverbs"};
+    c.io_threads = io_threads;
+  });
+}
+
+// Reads and writes 16 owners at once, every byte checked, then again on
+// the same pairs. The owners live in this process too, and each serves its
+// pair on a thread of its own (the owner's side, responder.h), so the
+// process grows by one thread per owner; the reader adds its I/O threads,
+// and nothing per pair: before the pairs shared them, each had a thread
+// and a completion queue of its own.
+TEST(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
+  constexpr int kOwners = 16;
+  constexpr int kLoops = 2;
+  constexpr uint64_t kSize = 64 << 10;
+  auto reader = ibverbs_manager(kLoops);
+  ASSERT_NE(reader, nullptr);
+  for (const BackendInfo& info : reader->backends()) {
+    if (info.name == "ibverbs" && !info.viable) {
+      GTEST_SKIP() << "ibverbs is not viable here: " << info.reason;
+    }
+  }
+  std::vector<std::unique_ptr<Manager>> owners;
+  std::vector<LocalMemory> theirs;
+  std::vector<RemoteBuffer> handles;
+  for (int i = 0; i < kOwners; ++i) {
+    owners.push_back(ibverbs_manager(1));
+    ASSERT_NE(owners.back(), nullptr);
+    theirs.push_back(with_pattern(kSize, 700 + i));
+    auto h = owners.back()->register_buffer(theirs.back());
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    handles.push_back(*h);
+  }
+  const int threads_before = threads_now();
+
+  std::vector<LocalMemory> dsts;
+  std::vector<Op> reads;
+  for (int i = 0; i < kOwners; ++i) {
+    dsts.push_back(with_sentinel(kSize));
+    reads.push_back(Op::read(handles[i], dsts.back()));
+  }
+  Transfer t = reader->submit(reads, kTimeout);
+  ASSERT_TRUE(t.wait().ok()) << t.status().to_string();
+  for (int i = 0; i < kOwners; ++i)
+    ASSERT_EQ(find_mismatch(dsts[i].span(), 700 + i), std::nullopt) << "owner " << i;
+  EXPECT_EQ(t.op_backend(0), "ibverbs");
+
+  // Writes back on the same pairs: a new pattern into each owner's buffer.
+  std::vector<LocalMemory> srcs;
+  std::vector<Op> writes;
+  for (int i = 0; i < kOwners; ++i) {
+    srcs.push_back(with_pattern(kSize, 800 + i));
+    writes.push_back(Op::write(handles[i], srcs.back()));
+  }
+  Transfer w = reader->submit(writes, kTimeout);
+  ASSERT_TRUE(w.wait().ok()) << w.status().to_string();
+  for (int i = 0; i < kOwners; ++i)
+    ASSERT_EQ(find_mismatch(theirs[i].span(), 800 + i), std::nullopt) << "owner " << i;
+
+  EXPECT_EQ(backend_detail(*reader, "ibverbs", "reader queue pairs"), std::to_string(kOwners));
+  EXPECT_EQ(backend_detail(*reader, "ibverbs", "reader I/O threads"), std::to_string(kLoops));
+  // One queue per thread holds all 16 pairs' completions.
+  EXPECT_EQ(backend_detail(*reader, "ibverbs", "reader completion queues"), std::to_string(kLoops));
+  EXPECT_EQ(threads_named("rdmabuf-loop"), kLoops);
+  EXPECT_LE(threads_now() - threads_before, kOwners + kLoops + 1)
+      << "the reader's threads grew with the owners it reads";
+}
+
+// A pair whose owner went away fails only its own ops: the other pairs on
+// the same thread and completion queue carry on, and the reader reaches a
+// new owner afterwards.
+TEST(IbverbsManyOwnersTest, AnOwnerGoneFailsOnlyItsOwnPairsOps) {
+  constexpr uint64_t kSize = 64 << 10;
+  auto reader = ibverbs_manager(1);  // one thread, one queue: every pair shares them
+  ASSERT_NE(reader, nullptr);
+  for (const BackendInfo& info : reader->backends()) {
+    if (info.name == "ibverbs" && !info.viable) {
+      GTEST_SKIP() << "ibverbs is not viable here: " << info.reason;
+    }
+  }
+  auto staying = ibverbs_manager(1);
+  auto leaving = ibverbs_manager(1);
+  ASSERT_NE(staying, nullptr);
+  ASSERT_NE(leaving, nullptr);
+  LocalMemory kept = with_pattern(kSize, 901);
+  LocalMemory gone = with_pattern(kSize, 902);
+  auto kept_handle = staying->register_buffer(kept);
+  auto gone_handle = leaving->register_buffer(gone);
+  ASSERT_TRUE(kept_handle.ok() && gone_handle.ok());
+
+  LocalMemory a = with_sentinel(kSize), b = with_sentinel(kSize);
+  Transfer both = reader->submit({Op::read(*kept_handle, a), Op::read(*gone_handle, b)}, kTimeout);
+  ASSERT_TRUE(both.wait().ok()) << both.status().to_string();
+  ASSERT_EQ(find_mismatch(b.span(), 902), std::nullopt);
+
+  leaving.reset();  // its side of the pair, and its buffer, go
+  LocalMemory c = with_sentinel(kSize);
+  Status after = reader->read_into(*gone_handle, c, 10s);
+  EXPECT_FALSE(after.ok());
+  for (int i = 0; i < 3; ++i) {
+    LocalMemory d = with_sentinel(kSize);
+    Status s = reader->read_into(*kept_handle, d, kTimeout);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_EQ(find_mismatch(d.span(), 901), std::nullopt);
+  }
+  auto newcomer = ibverbs_manager(1);
+  ASSERT_NE(newcomer, nullptr);
+  LocalMemory fresh = with_pattern(kSize, 903);
+  auto fresh_handle = newcomer->register_buffer(fresh);
+  ASSERT_TRUE(fresh_handle.ok());
+  LocalMemory e = with_sentinel(kSize);
+  Status s = reader->read_into(*fresh_handle, e, kTimeout);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(find_mismatch(e.span(), 903), std::nullopt);
+}
+
+}  // namespace
+}  // namespace rdmabuf::testing
