@@ -1,7 +1,6 @@
 // TransferState (the completion and cancellation protocol shared by the
 // manager, the backends and Transfer) and the Transfer handle over it.
 #include <sched.h>
-#include <unistd.h>
 
 #include <string>
 
@@ -282,10 +281,6 @@ std::string Transfer::op_note(size_t index) const {
 
 std::unique_ptr<IoSession> Backend::open_session(int /*fd*/, uint64_t /*peer_manager_id*/) {
   return nullptr;
-}
-
-void Backend::serve_connection(int fd, uint64_t /*peer_manager_id*/) {
-  ::close(fd);
 }
 
 Status Backend::takes_local_memory(const LocalMemory& local, const RemoteBuffer& /*remote*/) const {

@@ -1,6 +1,5 @@
 #include "core/listener.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -62,22 +61,8 @@ class Listener::HelloSession final : public IoSession {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Wait::kReadable;
       return Wait::kClose;
     }
-    Route route = listener_->route_(fd_, parse_hello(hello_));
-    if (route.session) {
-      served_ = std::move(route.session);
-      return served_->on_ready();
-    }
-    if (route.on_thread) {
-      // The thread gets a descriptor of its own: this one leaves the pool's
-      // epoll set and closes when this session goes.
-      Fd copy(::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0));
-      if (copy.valid()) {
-        listener_->spawn(std::move(copy), std::move(route.on_thread));
-      } else {
-        RDMABUF_LOG_WARN("listener: dropping a connection: dup: " + errno_text(errno));
-      }
-    }
-    return Wait::kClose;
+    served_ = listener_->route_(fd_, parse_hello(hello_));
+    return served_ ? served_->on_ready() : Wait::kClose;
   }
 
   Deadline deadline() const override { return served_ ? served_->deadline() : deadline_; }
@@ -129,43 +114,6 @@ void Listener::stop_accepting() {
 
 void Listener::join_connections() {
   pool_->stop();
-  std::list<Thread> all;
-  {
-    std::lock_guard lock(mu_);
-    all.swap(threads_);
-  }
-  for (Thread& t : all) {
-    if (t.thread.joinable()) t.thread.join();
-  }
-}
-
-void Listener::spawn(Fd fd, std::function<void(Fd)> serve) {
-  std::lock_guard lock(mu_);
-  if (!accepting_) return;  // shutting down: `fd` closes here
-  Thread& t = threads_.emplace_back();
-  t.thread = std::thread([&t, sock = std::move(fd), serve = std::move(serve)]() mutable {
-    serve(std::move(sock));
-    t.finished.store(true);
-  });
-}
-
-void Listener::reap_finished() {
-  std::list<Thread> done;
-  {
-    std::lock_guard lock(mu_);
-    for (auto it = threads_.begin(); it != threads_.end();) {
-      auto next = std::next(it);
-      if (it->finished.load()) done.splice(done.end(), threads_, it);
-      it = next;
-    }
-  }
-  for (Thread& t : done)
-    t.thread.join();
-}
-
-size_t Listener::connections() {
-  std::lock_guard lock(mu_);
-  return pool_->size() + threads_.size();
 }
 
 bool Listener::make_room() {
@@ -201,7 +149,6 @@ void Listener::accept_loop() {
       }
       continue;
     }
-    reap_finished();
     {
       std::lock_guard lock(mu_);
       if (!accepting_) return;

@@ -1,13 +1,12 @@
 // The manager's listener: accepts connections, reads each one's hello on
-// the manager's I/O threads, and serves it there (a session of the backend
-// that claims its channel) or, for a channel served by blocking code, on a
-// thread of its own. At its limit it closes the idle connection that has
-// waited longest to make room, and refuses a connection only when none is.
+// the manager's I/O threads, and serves it there, as a session of the
+// backend that claims its channel. At its limit it closes the idle
+// connection that has waited longest to make room, and refuses a
+// connection only when none is.
 #pragma once
 
 #include <atomic>
 #include <functional>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -20,15 +19,11 @@ namespace rdmabuf {
 
 class Listener {
  public:
-  // What serves a connection once its hello is read.
-  struct Route {
-    std::unique_ptr<IoSession> session;  // on the I/O threads (it owns the fd)
-    std::function<void(Fd)> on_thread;   // else this, on a thread of its own
-  };
-  // Called on an I/O thread with the hello, or why it is not one. Takes the
-  // fd (releases it) when it returns a session; returns neither when it has
-  // answered the connection with an error (it is then closed).
-  using RouteFn = std::function<Route(Fd& fd, const Result<Hello>& hello)>;
+  // What serves a connection once its hello is read: called on an I/O
+  // thread with the hello, or why it is not one. Takes the fd (releases
+  // it) when it returns a session; returns none when it has answered the
+  // connection with an error (it is then closed).
+  using RouteFn = std::function<std::unique_ptr<IoSession>(Fd& fd, const Result<Hello>& hello)>;
 
   // `max_connections` 0: set by the open file limit (which this raises to
   // its hard limit). `pool` serves the connections.
@@ -42,8 +37,7 @@ class Listener {
   // Stops accepting and signals stop_fd(). Connections keep running.
   void stop_accepting();
   // Ends every connection: stops the I/O threads (sessions must see their
-  // backend's stop first) and joins the connection threads (after whatever
-  // makes `on_thread` return).
+  // backend's stop first) and destroys the sessions.
   void join_connections();
 
   int stop_fd() const { return stop_fd_.get(); }
@@ -51,15 +45,9 @@ class Listener {
 
  private:
   class HelloSession;
-  struct Thread {
-    std::thread thread;
-    std::atomic<bool> finished{false};
-  };
   void accept_loop();
-  void reap_finished();
-  // Connections served now: sessions on the I/O threads and threads.
-  size_t connections();
-  void spawn(Fd fd, std::function<void(Fd)> serve);
+  // Connections served now.
+  size_t connections() const { return pool_->size(); }
   // At the limit: closes an idle connection, waiting a little for one.
   bool make_room();
 
@@ -69,8 +57,7 @@ class Listener {
   std::unique_ptr<IoPool> pool_;
   RouteFn route_;
   std::thread acceptor_;
-  std::mutex mu_;  // guards threads_ and accepting_
-  std::list<Thread> threads_;
+  std::mutex mu_;  // guards accepting_
   bool accepting_ = true;
 };
 

@@ -97,7 +97,7 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
 
   explicit ManagerImpl(const Config& config) : config_(config) {}
   // What serves an inbound connection, given its hello (see Listener).
-  Listener::Route route_inbound(Fd& fd, const Result<Hello>& hello);
+  std::unique_ptr<IoSession> route_inbound(Fd& fd, const Result<Hello>& hello);
   // The best backend for `op` among slots [first_slot, end); `refused`
   // (with `refused_by`) is a refusal by a better one, found after the op
   // was handed to it.
@@ -207,7 +207,7 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::create(const Config& config) {
   return m;
 }
 
-Listener::Route ManagerImpl::route_inbound(Fd& fd, const Result<Hello>& hello) {
+std::unique_ptr<IoSession> ManagerImpl::route_inbound(Fd& fd, const Result<Hello>& hello) {
   const Deadline deadline = Clock::now() + kHelloTimeout;
   const uint64_t self = identity_.manager_id;
   if (!hello.ok()) {
@@ -224,16 +224,9 @@ Listener::Route ManagerImpl::route_inbound(Fd& fd, const Result<Hello>& hello) {
   for (Slot& slot : slots_) {
     if (slot.backend && slot.backend->claims_channel(static_cast<uint8_t>(hello->channel))) {
       if (!send_hello_reply(fd.get(), self, Status::Ok(), deadline).ok()) return {};
-      Listener::Route route;
-      route.session = slot.backend->open_session(fd.get(), hello->caller_id);
-      if (route.session) {
-        (void)fd.release();  // the session's now
-      } else {
-        route.on_thread = [backend = slot.backend.get(), caller = hello->caller_id](Fd sock) {
-          backend->serve_connection(sock.release(), caller);
-        };
-      }
-      return route;
+      auto session = slot.backend->open_session(fd.get(), hello->caller_id);
+      if (session) (void)fd.release();  // the session's now
+      return session;
     }
   }
   send_hello_reply(fd.get(), self,

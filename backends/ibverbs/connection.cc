@@ -314,7 +314,8 @@ void Connection::shake_hands(ConnectionContext context, HandleClaim claim, CqRoo
     QueuePair::Shape shape{kPairDepth};
     shape.inline_bytes = kNoticeBytes;  // a notice goes in its work request where the NIC allows
     shape.send_sge = gather_limit(*context.device);
-    RDMABUF_ASSIGN_OR_RETURN(auto qp, QueuePair::create(*context.device, shape, std::move(room)));
+    RDMABUF_ASSIGN_OR_RETURN(auto qp, QueuePair::create(*context.device, shape, std::move(room),
+                                                        QueuePair::Shared::kSends));
     RDMABUF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(context.owner_address, deadline, context.stop_fd));
     Hello hello{Channel::kIbverbs, context.self_id, context.owner_id};
     RDMABUF_RETURN_IF_ERROR(exchange_hello(fd.get(), hello, deadline, context.stop_fd).status());

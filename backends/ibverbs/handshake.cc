@@ -27,8 +27,6 @@ Status send_all(int fd, const std::vector<uint8_t>& out, Deadline deadline, int 
   return send_exact(fd, out.data(), out.size(), deadline, stop_fd);
 }
 
-constexpr size_t kClaimBytes = 32;
-
 void put_claim(WireWriter& w, const HandleClaim& c) {
   w.put<uint64_t>(c.id);
   w.bytes(c.token.data(), c.token.size());
@@ -86,10 +84,8 @@ Status send_connect(int fd, const std::string& owner_device, const Endpoint& min
   return send_all(fd, out, deadline, stop_fd);
 }
 
-Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd) {
-  uint8_t in[8 + kDeviceNameBytes + kEndpointBytes + kClaimBytes];
-  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, deadline, stop_fd));
-  WireReader r(in);
+Result<ConnectRequest> parse_connect(std::span<const uint8_t, kConnectBytes> bytes) {
+  WireReader r(bytes);
   if (std::memcmp(r.view(4).data(), kMagic, 4) != 0 || r.get<uint16_t>() != kVersion ||
       r.get<uint16_t>() != 0) {
     return ProtocolError("not an rdmabuf ibverbs connect request");
@@ -108,8 +104,13 @@ Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd) {
   return request;
 }
 
-Status send_accepted(int fd, const Status& status, const Endpoint& mine, Deadline deadline,
-                     int stop_fd) {
+Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd) {
+  uint8_t in[kConnectBytes];
+  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, deadline, stop_fd));
+  return parse_connect(in);
+}
+
+std::vector<uint8_t> encode_accepted(const Status& status, const Endpoint& mine) {
   std::vector<uint8_t> out;
   WireWriter w(out);
   std::string message = status.message().substr(0, kMaxMessage);
@@ -119,7 +120,12 @@ Status send_accepted(int fd, const Status& status, const Endpoint& mine, Deadlin
   put_endpoint(w, mine);
   w.put<uint32_t>(static_cast<uint32_t>(message.size()));
   w.bytes(message.data(), message.size());
-  return send_all(fd, out, deadline, stop_fd);
+  return out;
+}
+
+Status send_accepted(int fd, const Status& status, const Endpoint& mine, Deadline deadline,
+                     int stop_fd) {
+  return send_all(fd, encode_accepted(status, mine), deadline, stop_fd);
 }
 
 Result<Endpoint> read_accepted(int fd, Deadline deadline, int stop_fd) {
@@ -164,16 +170,20 @@ Result<BufferAnswer> parse_answer(std::span<const uint8_t, kAnswerBytes> bytes) 
   return answer;
 }
 
-Result<HandleClaim> read_query(int fd, int stop_fd) {
-  uint8_t in[8 + kClaimBytes];
-  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, Deadline::max(), stop_fd));
-  WireReader r(in);
+Result<HandleClaim> parse_query(std::span<const uint8_t, kQueryBytes> bytes) {
+  WireReader r(bytes);
   if (r.get<uint8_t>() != kQueryBuffer) return ProtocolError("unknown ibverbs control request");
   if (!zeros(r, 7)) return ProtocolError("ibverbs control request with reserved bits set");
   return get_claim(r);
 }
 
-Status send_answer(int fd, const BufferAnswer& answer, int stop_fd) {
+Result<HandleClaim> read_query(int fd, int stop_fd) {
+  uint8_t in[kQueryBytes];
+  RDMABUF_RETURN_IF_ERROR(recv_exact(fd, in, sizeof in, Deadline::max(), stop_fd));
+  return parse_query(in);
+}
+
+std::vector<uint8_t> encode_answer(const BufferAnswer& answer) {
   std::vector<uint8_t> out;
   WireWriter w(out);
   w.put<uint8_t>(static_cast<uint8_t>(answer.code));
@@ -182,7 +192,11 @@ Status send_answer(int fd, const BufferAnswer& answer, int stop_fd) {
   w.put<uint64_t>(answer.id);
   w.put<uint32_t>(answer.code == StatusCode::kOk ? answer.rkey : 0);
   w.put<uint32_t>(0);
-  return send_all(fd, out, Clock::now() + std::chrono::seconds(10), stop_fd);
+  return out;
+}
+
+Status send_answer(int fd, const BufferAnswer& answer, int stop_fd) {
+  return send_all(fd, encode_answer(answer), Clock::now() + std::chrono::seconds(10), stop_fd);
 }
 
 std::array<uint8_t, kNoticeBytes> encode_notice(const NoticeRecord& notice) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/queue_pair.h"
@@ -65,18 +66,26 @@ struct BufferAnswer {
 };
 Result<BufferAnswer> parse_answer(std::span<const uint8_t, kAnswerBytes> bytes);
 
-// Owner side.
+// Owner side. The parse_ and encode_ forms are for a caller that moves the
+// bytes itself (responder.h); the others wait on `fd`.
 struct ConnectRequest {
   std::string device;
   Endpoint endpoint;
   HandleClaim claim;
 };
+constexpr size_t kClaimBytes = 32;
+constexpr size_t kConnectBytes = 8 + kDeviceNameBytes + kEndpointBytes + kClaimBytes;
+Result<ConnectRequest> parse_connect(std::span<const uint8_t, kConnectBytes> bytes);
 Result<ConnectRequest> read_connect(int fd, Deadline deadline, int stop_fd);
+std::vector<uint8_t> encode_accepted(const Status& status, const Endpoint& mine);
 Status send_accepted(int fd, const Status& status, const Endpoint& mine, Deadline deadline,
                      int stop_fd);
+constexpr size_t kQueryBytes = 8 + kClaimBytes;
+Result<HandleClaim> parse_query(std::span<const uint8_t, kQueryBytes> bytes);
 // Waits (without a deadline) for the next query; kUnavailable when the
 // reader closed the connection.
 Result<HandleClaim> read_query(int fd, int stop_fd);
+std::vector<uint8_t> encode_answer(const BufferAnswer& answer);
 Status send_answer(int fd, const BufferAnswer& answer, int stop_fd);
 
 // A tagged write's notice (rdmabuf/backend.h, WriteNotice): the one SEND a

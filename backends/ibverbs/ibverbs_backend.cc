@@ -12,6 +12,7 @@
 #include "backends/ibverbs/handle_context.h"
 #include "backends/ibverbs/handshake.h"
 #include "backends/ibverbs/message_channel.h"
+#include "backends/ibverbs/notice_intake.h"
 #include "backends/ibverbs/remote_access.h"
 #include "backends/ibverbs/responder.h"
 #include "common/event_loop.h"
@@ -226,18 +227,23 @@ class IbverbsBackend final : public Backend {
     return channel == static_cast<uint8_t>(Channel::kIbverbs);
   }
 
-  // The owner's side of a reader's queue pair (backends/ibverbs/responder.h).
-  void serve_connection(int fd, uint64_t reader_id) override {
+  // The owner's side of a reader's queue pair (backends/ibverbs/responder.h),
+  // on the manager's I/O threads.
+  std::unique_ptr<IoSession> open_session(int fd, uint64_t reader_id) override {
+    auto intake = notice_intake();
+    if (!intake.ok()) {
+      RDMABUF_LOG_WARN("ibverbs: cannot serve a queue pair: " + intake.status().message());
+      return nullptr;  // the listener closes the connection
+    }
     ResponderContext context;
     context.device = device_.get();
     context.resolver = env_.resolver;
     context.access = &access_;
-    context.notices = env_.notices;
+    context.intake = std::move(intake).value();
     context.reader_id = reader_id;
     context.stopping = &stopping_;
-    context.stop_fd = stop_fd_.get();
     context.counts = &responders_;
-    serve_responder(Fd(fd), context);
+    return open_responder(Fd(fd), std::move(context));
   }
 
   void shutdown() override {
@@ -257,12 +263,27 @@ class IbverbsBackend final : public Backend {
     for (auto& connection : connections)
       connection->stop();
     if (loops) loops->stop();
+    std::shared_ptr<NoticeIntake> intake;
+    {
+      std::lock_guard lock(intake_mu_);
+      intake = intake_;
+    }
+    if (intake) intake->stop();  // the pairs themselves go with the listener's sessions
   }
 
  private:
   // A queue pair per (owner manager, owner address, owner device); this
   // backend uses one local device.
   using ConnectionKey = std::tuple<uint64_t, std::string, std::string>;
+
+  // The owner's notice intake, started with the first reader's pair.
+  Result<std::shared_ptr<NoticeIntake>> notice_intake() {
+    std::lock_guard lock(intake_mu_);
+    if (!intake_) {
+      RDMABUF_ASSIGN_OR_RETURN(intake_, NoticeIntake::create(device_, env_.notices, &responders_));
+    }
+    return intake_;
+  }
 
   static ConnectionKey key_of(const RemoteBuffer& remote, const HandleContext& c) {
     return {remote.owner().manager_id, remote.owner().address, c.device};
@@ -314,8 +335,11 @@ class IbverbsBackend final : public Backend {
   LocalRegistrations registrations_;
   Fd stop_fd_;
   std::atomic<bool> stopping_{false};
-  // Owner side: what the queue pairs held for readers count.
+  // Owner side: what the queue pairs held for readers count, and their
+  // notices' intake (made once, under intake_mu_).
   ResponderCounts responders_;
+  std::mutex intake_mu_;
+  std::shared_ptr<NoticeIntake> intake_;
   // Reader side: work requests made for reads and writes (info()).
   std::atomic<uint64_t> work_requests_{0};
   std::atomic<uint64_t> gathering_work_requests_{0};

@@ -29,13 +29,17 @@ Status modify(const IbvLib& lib, ibv_qp* qp, ibv_qp_attr& attr, int mask, const 
 }  // namespace
 
 Result<std::unique_ptr<QueuePair>> QueuePair::create(const Device& device, const Shape& shape,
-                                                     CqRoom room) {
-  if (!room || shape.receive_depth > 0) {
-    return Internal("a queue pair on a shared completion queue takes no receives");
+                                                     CqRoom room, Shared shared) {
+  if (!room) return Internal("no room on a shared completion queue");
+  if (shared == Shared::kSends && shape.receive_depth > 0) {
+    return Internal("a queue pair whose sends share a completion queue takes no receives");
+  }
+  if (shared == Shared::kReceives && shape.receive_depth == 0) {
+    return Internal("a queue pair whose receives share a completion queue must take some");
   }
   std::unique_ptr<QueuePair> qp(new QueuePair(device));
   qp->shared_ = std::move(room);
-  qp->cq_ = qp->shared_.cq();
+  (shared == Shared::kSends ? qp->cq_ : qp->recv_cq_) = qp->shared_.cq();
   RDMABUF_RETURN_IF_ERROR(qp->init(shape));
   return qp;
 }
@@ -60,7 +64,7 @@ Status QueuePair::init(const Shape& shape) {
     }
   }
   const uint32_t receive_depth = std::min(shape.receive_depth, most_wr);
-  if (receive_depth > 0) {
+  if (receive_depth > 0 && !recv_cq_) {
     recv_cq_ = lib.create_cq(device.context(), static_cast<int>(receive_depth + 1), nullptr,
                              shape.receive_events, 0);
     if (!recv_cq_) {
@@ -102,7 +106,8 @@ Status QueuePair::init(const Shape& shape) {
 QueuePair::~QueuePair() {
   const IbvLib& lib = device_.lib();
   if (qp_) lib.destroy_qp(qp_);
-  if (recv_cq_ && recv_cq_->channel) {
+  const bool shared_recv = shared_ && recv_cq_ == shared_.cq();
+  if (recv_cq_ && !shared_recv && recv_cq_->channel) {
     // Destroying a completion queue waits until each of its events was
     // acknowledged: take those nobody took (the channel does not block; the
     // queue pair is gone, so no more come).
@@ -111,8 +116,8 @@ QueuePair::~QueuePair() {
     while (lib.get_cq_event(recv_cq_->channel, &cq, &context) == 0)
       lib.ack_cq_events(cq, 1);
   }
-  if (recv_cq_) lib.destroy_cq(recv_cq_);
-  if (cq_ && !shared_) lib.destroy_cq(cq_);
+  if (recv_cq_ && !shared_recv) lib.destroy_cq(recv_cq_);
+  if (cq_ && cq_ != shared_.cq()) lib.destroy_cq(cq_);
 }
 
 Endpoint QueuePair::local() const {

@@ -48,10 +48,13 @@ class QueuePair {
   static Result<std::unique_ptr<QueuePair>> create(const Device& device, uint32_t depth) {
     return create(device, Shape{depth});
   }
-  // The same, on the shared queue `room` is on (which serves both queues:
-  // `shape` takes no receives); the room goes back after the pair.
+  // Which of a pair's queues completes into a shared queue.
+  enum class Shared { kSends, kReceives };
+  // The same, with the sends (and the receives: `shape` must take none) or
+  // the receives completing on the shared queue `room` is on; the other
+  // queue gets one of its own. The room goes back after the pair.
   static Result<std::unique_ptr<QueuePair>> create(const Device& device, const Shape& shape,
-                                                   CqRoom room);
+                                                   CqRoom room, Shared shared);
   ~QueuePair();  // the queue pair first, then its completion queues (or room)
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;

@@ -1,11 +1,11 @@
 #include "backends/ibverbs/responder.h"
 
-#include <fcntl.h>
-#include <poll.h>
+#include <sys/socket.h>
 
-#include <deque>
-#include <memory>
+#include <algorithm>
+#include <cerrno>
 #include <utility>
+#include <vector>
 
 #include "backends/ibverbs/handshake.h"
 #include "backends/ibverbs/queue_pair.h"
@@ -15,50 +15,92 @@
 namespace rdmabuf::ibverbs {
 namespace {
 
-// How long a reader may take to ask for a queue pair.
+// How long a reader may take to ask for a queue pair, and to take an answer.
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
-// The owner's side of a pair never posts: a shallow send queue is enough.
+constexpr auto kSendTimeout = std::chrono::seconds(10);
+// The owner's side of a pair posts only window binds: a shallow send queue
+// is enough.
 constexpr uint32_t kResponderDepth = 16;
-// Receives kept posted for notices, and the bytes of each: room for a
-// notice and more, so that a SEND of the wrong size reads as malformed
-// rather than failing the pair, up to this size.
-constexpr uint32_t kNoticeReceives = 64;
-constexpr uint32_t kNoticeSlot = 64;
-static_assert(kNoticeSlot >= kNoticeBytes);
-// How often notices the sink had no room for are offered again.
-constexpr int kOfferAgainMs = 5;
 
-// A completion channel whose descriptor does not block.
-struct CompChannel {
-  const IbvLib& lib;
-  ibv_comp_channel* channel = nullptr;
-  ~CompChannel() {
-    if (channel) lib.destroy_comp_channel(channel);
-  }
-};
-
-class Responder {
+class Responder final : public IoSession {
  public:
-  Responder(Fd fd, const ResponderContext& context)
-      : context_(context), lib_(context.device->lib()), fd_(std::move(fd)), events_{lib_} {}
+  Responder(Fd fd, ResponderContext context)
+      : context_(std::move(context)),
+        fd_(std::move(fd)),
+        request_deadline_(Clock::now() + kHandshakeTimeout) {}
 
-  void run() {
-    if (!handshake()) return;
-    ResponderCounts& counts = *context_.counts;
-    counts.handshakes++;
-    counts.live++;
-    serve();
+  ~Responder() override {
+    if (!qp_) return;
+    context_.intake->remove(*qp_);
     context_.access->revoke_all(grants_);
-    counts.live--;
+    context_.counts->live--;
     // The pair goes here: the reader's next work request on it fails.
   }
 
+  int fd() const override { return fd_.get(); }
+
+  Wait on_ready() override {
+    for (;;) {
+      if (context_.stopping->load(std::memory_order_acquire)) return Wait::kClose;
+      if (!flush()) return Wait::kClose;
+      if (sent_ < out_.size()) return Wait::kWritable;
+      if (state_ == State::kRefused) return Wait::kClose;  // the refusal is out
+      const size_t need = state_ == State::kRequest ? kConnectBytes : kQueryBytes;
+      const ssize_t n = ::recv(fd_.get(), in_ + have_, need - have_, MSG_DONTWAIT);
+      if (n == 0) return Wait::kClose;  // the reader is done with the pair
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return Wait::kReadable;
+        return Wait::kClose;
+      }
+      have_ += static_cast<size_t>(n);
+      if (have_ < need) continue;
+      have_ = 0;
+      const bool taken = state_ == State::kRequest ? take_request() : answer_query();
+      if (!taken) return Wait::kClose;
+    }
+  }
+
+  Deadline deadline() const override {
+    if (sent_ < out_.size()) return send_deadline_;
+    return state_ == State::kRequest ? request_deadline_ : Deadline::max();
+  }
+
+  Wait on_timeout() override {
+    RDMABUF_LOG_DEBUG("ibverbs: dropping the handshake connection of manager " +
+                      hex_id(context_.reader_id) + ": it sent or took nothing in time");
+    return Wait::kClose;
+  }
+
  private:
-  // Reads the reader's request and answers it with this side's end of the
-  // pair, or why not. True when the pair is connected.
-  bool handshake() {
-    const Deadline deadline = Clock::now() + kHandshakeTimeout;
-    auto request = read_connect(fd_.get(), deadline, context_.stop_fd);
+  enum class State { kRequest, kServing, kRefused };
+
+  // Sends what is queued; false when the connection failed.
+  bool flush() {
+    while (sent_ < out_.size()) {
+      const ssize_t n =
+          ::send(fd_.get(), out_.data() + sent_, out_.size() - sent_, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        sent_ += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+    out_.clear();
+    sent_ = 0;
+    return true;
+  }
+
+  void queue(std::vector<uint8_t> bytes) {
+    if (out_.empty()) send_deadline_ = Clock::now() + kSendTimeout;
+    out_.insert(out_.end(), bytes.begin(), bytes.end());
+  }
+
+  // The reader's request (in_): answered with this side's end of the pair,
+  // or why not. False when it is malformed (dropped without an answer).
+  bool take_request() {
+    auto request = parse_connect(std::span<const uint8_t, kConnectBytes>(in_, kConnectBytes));
     if (!request.ok()) {
       RDMABUF_LOG_DEBUG("ibverbs: dropping a handshake: " + request.status().message());
       return false;
@@ -71,80 +113,31 @@ class Responder {
       refused = FailedPrecondition("this owner has no RDMA device '" + request->device +
                                    "' (it uses " + context_.device->name() + ")");
     } else {
-      refused = create_pair();
-      if (refused.ok()) refused = qp_->connect(request->endpoint);
+      refused = create_pair(request->endpoint);
     }
-    Endpoint mine = qp_ ? qp_->local() : Endpoint{};
-    return send_accepted(fd_.get(), refused, mine, deadline, context_.stop_fd).ok() && refused.ok();
+    queue(encode_accepted(refused, qp_ && refused.ok() ? qp_->local() : Endpoint{}));
+    if (!refused.ok()) {
+      state_ = State::kRefused;
+      return true;
+    }
+    context_.counts->handshakes++;
+    state_ = State::kServing;
+    return true;
   }
 
-  // The pair, in INIT, with every notice receive posted and its completion
-  // events armed.
-  Status create_pair() {
-    events_.channel = lib_.create_comp_channel(context_.device->context());
-    if (!events_.channel) {
-      return ResourceExhausted("cannot create a completion channel: " + errno_text(errno));
-    }
-    const int flags = ::fcntl(events_.channel->fd, F_GETFL);
-    if (flags < 0 || ::fcntl(events_.channel->fd, F_SETFL, flags | O_NONBLOCK) != 0) {
-      return Internal("fcntl: " + errno_text(errno));
-    }
-    const size_t bytes = size_t{kNoticeReceives} * kNoticeSlot;
-    slots_ = std::make_unique<uint8_t[]>(bytes);
-    RDMABUF_ASSIGN_OR_RETURN(
-        slots_mr_, register_range(*context_.device, slots_.get(), bytes, IBV_ACCESS_LOCAL_WRITE));
+  // The pair, with every notice receive posted in the intake, connected to
+  // the reader's `remote`.
+  Status create_pair(const Endpoint& remote) {
+    RDMABUF_ASSIGN_OR_RETURN(CqRoom room, context_.intake->reserve());
     QueuePair::Shape shape;
     shape.send_depth = kResponderDepth;
     shape.receive_depth = kNoticeReceives;
-    shape.receive_events = events_.channel;
-    RDMABUF_ASSIGN_OR_RETURN(qp_, QueuePair::create(*context_.device, shape));
-    for (uint32_t slot = 0; slot < kNoticeReceives; ++slot)
-      RDMABUF_RETURN_IF_ERROR(post_receive(slot));
-    if (ibv_req_notify_cq(qp_->recv_cq(), 0) != 0) {
-      return Internal("cannot arm the receive queue's completion events");
-    }
-    return Status::Ok();
-  }
-
-  Status post_receive(uint32_t slot) {
-    ibv_sge sge{reinterpret_cast<uintptr_t>(slots_.get() + size_t{slot} * kNoticeSlot), kNoticeSlot,
-                slots_mr_->lkey()};
-    ibv_recv_wr wr{};
-    wr.wr_id = slot;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    const int rc = ibv_post_recv(qp_->qp(), &wr, &bad);
-    return rc == 0 ? Status::Ok() : Unavailable("cannot post a receive: " + errno_text(rc));
-  }
-
-  // Answers questions and takes notices until the reader is done with the
-  // pair (closes the connection) or the backend stops. A pair that failed
-  // takes no more notices, but its questions are still answered: a reader
-  // whose access was refused (which fails this side of the pair too) asks
-  // whether the buffer was released before it lets go (Connection::explain).
-  void serve() {
-    while (!context_.stopping->load()) {
-      pollfd fds[3] = {{fd_.get(), POLLIN, 0},
-                       {context_.stop_fd, POLLIN, 0},
-                       {pair_failed_ ? -1 : events_.channel->fd, POLLIN, 0}};
-      const int rc = ::poll(fds, 3, held_.empty() ? -1 : kOfferAgainMs);
-      if (rc < 0 && errno != EINTR) return;
-      if (context_.stopping->load()) return;
-      if (rc > 0 && fds[0].revents != 0 && !answer_query()) return;
-      if (rc > 0 && fds[2].revents != 0 && !rearm()) fail_pair("cannot arm its completion events");
-      if (!pair_failed_) take_notices();
-      offer_held();
-    }
-  }
-
-  // From now on the pair takes no notices (its receives were flushed, or
-  // one of them failed): those it took before still go to the sink.
-  void fail_pair(const std::string& why) {
-    if (pair_failed_) return;
-    pair_failed_ = true;
-    RDMABUF_LOG_DEBUG("ibverbs: the queue pair of manager " + hex_id(context_.reader_id) +
-                      " failed (" + why + "); it takes no more notices");
+    RDMABUF_ASSIGN_OR_RETURN(auto qp, QueuePair::create(*context_.device, shape, std::move(room),
+                                                        QueuePair::Shared::kReceives));
+    RDMABUF_RETURN_IF_ERROR(context_.intake->add(*qp, context_.reader_id));
+    qp_ = std::move(qp);
+    context_.counts->live++;
+    return qp_->connect(remote);
   }
 
   // Whether the owner has the buffer a handle claims: its id, token and
@@ -158,12 +151,11 @@ class Responder {
     return Status::Ok();
   }
 
-  // One request for access to a buffer (the descriptor is readable): false
-  // when the reader closed the connection. Granted to a genuine handle on a
-  // pair that works: the key that opens the buffer to this pair.
+  // One request for access to a buffer (in_). Granted to a genuine handle
+  // on a pair that works: the key that opens the buffer to this pair.
   bool answer_query() {
-    auto query = read_query(fd_.get(), context_.stop_fd);
-    if (!query.ok()) return false;  // the reader is done with the pair (or we stop)
+    auto query = parse_query(std::span<const uint8_t, kQueryBytes>(in_, kQueryBytes));
+    if (!query.ok()) return false;
     BufferAnswer answer{query->id, StatusCode::kOk, 0};
     Status checked = check_claim(*query);
     if (checked.ok()) {
@@ -175,104 +167,30 @@ class Responder {
       }
     }
     answer.code = checked.code();
-    return send_answer(fd_.get(), answer, context_.stop_fd).ok();
+    queue(encode_answer(answer));
+    return true;
   }
 
-  // Takes the completion events that came and arms for the next: completions
-  // after this make the descriptor readable again (take_notices() polls
-  // right after, for those before).
-  bool rearm() {
-    ibv_cq* cq = nullptr;
-    void* unused = nullptr;
-    while (lib_.get_cq_event(events_.channel, &cq, &unused) == 0)  // EAGAIN ends it
-      lib_.ack_cq_events(cq, 1);
-    return ibv_req_notify_cq(qp_->recv_cq(), 0) == 0;
-  }
-
-  // Reads the receives that completed: each notice joins held_, in order.
-  void take_notices() {
-    ibv_wc wc[16];
-    int n;
-    do {
-      n = ibv_poll_cq(qp_->recv_cq(), 16, wc);
-      if (n < 0) return fail_pair("ibv_poll_cq failed");
-      for (int i = 0; i < n; ++i) {
-        // The first error fails the pair (an access the reader was refused
-        // fails both sides); the rest are flushes.
-        if (wc[i].status != IBV_WC_SUCCESS) return fail_pair(lib_.wc_status_str(wc[i].status));
-        const auto slot = static_cast<uint32_t>(wc[i].wr_id);
-        Result<NoticeRecord> notice =
-            wc[i].opcode != IBV_WC_RECV
-                ? Result<NoticeRecord>(ProtocolError("an RDMA WRITE with immediate, not a notice"))
-                : decode_notice({slots_.get() + size_t{slot} * kNoticeSlot, wc[i].byte_len});
-        if (!notice.ok()) {
-          refuse(notice.status());
-          repost(slot);
-          continue;
-        }
-        held_.emplace_back(slot, std::move(notice).value());
-      }
-    } while (n == 16);
-  }
-
-  // Hands the notices held to the sink, oldest first, until it has no room;
-  // each one's receive is posted again once it is taken (or refused).
-  void offer_held() {
-    while (!held_.empty()) {
-      auto& [slot, notice] = held_.front();
-      Status taken = context_.notices ? context_.notices->deliver(context_.reader_id, notice)
-                                      : FailedPrecondition("this manager takes no notices");
-      if (taken.code() == StatusCode::kResourceExhausted) return;  // again later
-      if (taken.ok()) {
-        context_.counts->notices++;
-      } else {
-        refuse(taken);
-      }
-      repost(slot);
-      held_.pop_front();
-    }
-  }
-
-  void repost(uint32_t slot) {
-    if (pair_failed_) return;
-    Status posted = post_receive(slot);
-    if (!posted.ok()) fail_pair(posted.message());
-  }
-
-  void refuse(const Status& why) {
-    context_.counts->refused++;
-    const std::string text = "ibverbs: dropped a notice from manager " +
-                             hex_id(context_.reader_id) + ": " + why.to_string();
-    if (!warned_) {
-      RDMABUF_LOG_WARN(text + " (further ones on this queue pair are logged at debug level)");
-      warned_ = true;
-    } else {
-      RDMABUF_LOG_DEBUG(text);
-    }
-  }
-
-  const ResponderContext& context_;
-  const IbvLib& lib_;
+  const ResponderContext context_;
   Fd fd_;
-  // Teardown in reverse: the pair, then the receives' memory, then the
-  // channel its completion queue reports to.
-  CompChannel events_;
-  std::unique_ptr<uint8_t[]> slots_;
-  std::shared_ptr<MemoryRegion> slots_mr_;
+  const Deadline request_deadline_;
+  State state_ = State::kRequest;
+  // The request or query being read, and how much of it has come.
+  uint8_t in_[std::max(kConnectBytes, kQueryBytes)] = {};
+  size_t have_ = 0;
+  // Answers not yet sent, from sent_ on; due out by send_deadline_.
+  std::vector<uint8_t> out_;
+  size_t sent_ = 0;
+  Deadline send_deadline_ = Deadline::max();
   std::unique_ptr<QueuePair> qp_;
   // The access this pair was granted: revoked before the pair goes.
   Grants grants_;
-  // Notices taken from their receives and not yet by the sink, oldest
-  // first, with their receive slots.
-  std::deque<std::pair<uint32_t, NoticeRecord>> held_;
-  bool pair_failed_ = false;
-  bool warned_ = false;
 };
 
 }  // namespace
 
-void serve_responder(Fd fd, const ResponderContext& context) {
-  Responder(std::move(fd), context).run();
+std::unique_ptr<IoSession> open_responder(Fd fd, ResponderContext context) {
+  return std::make_unique<Responder>(std::move(fd), std::move(context));
 }
 
 }  // namespace rdmabuf::ibverbs

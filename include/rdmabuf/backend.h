@@ -485,17 +485,14 @@ class Backend {
   // hello asks for channel `channel` (see common/hello.h) and, when this
   // backend claims it, asks open_session for a session that serves it on
   // the manager's shared I/O threads (common/io_pool.h); when that gives
-  // none, it calls serve_connection on a thread of its own. The backend owns
-  // `fd` (serve_connection returns when the connection ends or on shutdown;
-  // a session closes it when it is destroyed).
+  // none, the connection is closed. A session owns `fd` and closes it when
+  // it is destroyed.
   virtual bool claims_channel(uint8_t channel) const {
     (void)channel;
     return false;
   }
   // The default gives none (and leaves `fd` alone).
   virtual std::unique_ptr<IoSession> open_session(int fd, uint64_t peer_manager_id);
-  // The default closes `fd` (never called unless claims_channel says yes).
-  virtual void serve_connection(int fd, uint64_t peer_manager_id);
 
   // A message channel to a peer that has this backend too (see
   // MessageChannel), for endpoints. The default offers none: the status
@@ -503,7 +500,7 @@ class Backend {
   virtual Result<std::unique_ptr<MessageChannel>> open_message_channel();
 
   // Stops everything: fails ops in flight with kCancelled, closes
-  // connections, wakes serve_connection calls so they return. When it
+  // connections (sessions end when the listener stops). When it
   // returns, no thread of this backend touches any op's local memory.
   virtual void shutdown() = 0;
 };

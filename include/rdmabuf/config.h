@@ -85,10 +85,11 @@ struct Config {
   // the process.
   int max_connections = 0;
 
-  // RDMABUF_IO_THREADS. Threads that serve every inbound tcp data
-  // connection, and as many that drive every outbound one (the tcp loops,
-  // started on the first op over tcp), however many peers there are. 0: as
-  // many as the cores, within 4..16.
+  // RDMABUF_IO_THREADS. Threads that serve every inbound connection (tcp
+  // data, and the owner's side of readers' ibverbs queue pairs), and as
+  // many that drive the outbound ones over each of tcp and ibverbs (loops
+  // started on the first op over each), however many peers there are. 0:
+  // as many as the cores, within 4..16.
   int io_threads = 0;
 
   // RDMABUF_LEND_LIMIT (K/M/G suffixes). Bytes this manager lends at once

@@ -43,11 +43,11 @@ std::unique_ptr<Manager> ibverbs_manager(int io_threads = 0) {
 }
 
 // Reads and writes 16 owners at once, every byte checked, then again on
-// the same pairs. The owners live in this process too, and each serves its
-// pair on a thread of its own (the owner's side, responder.h), so the
-// process grows by one thread per owner; the reader adds its I/O threads,
-// and nothing per pair: before the pairs shared them, each had a thread
-// and a completion queue of its own.
+// the same pairs. The reader's pairs run on its I/O threads and share their
+// completion queues; each owner (in this process too) serves its pair on
+// its I/O threads and takes notices on one thread of its own. So the
+// process grows by the reader's threads and one per owner, and nothing per
+// pair: before, each pair had a thread on either side.
 TEST(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
   constexpr int kOwners = 16;
   constexpr int kLoops = 2;
@@ -101,8 +101,50 @@ TEST(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
   // One queue per thread holds all 16 pairs' completions.
   EXPECT_EQ(backend_detail(*reader, "ibverbs", "reader completion queues"), std::to_string(kLoops));
   EXPECT_EQ(threads_named("rdmabuf-loop"), kLoops);
+  EXPECT_EQ(threads_named("rdmabuf-notices"), kOwners);  // one per owner
   EXPECT_LE(threads_now() - threads_before, kOwners + kLoops + 1)
-      << "the reader's threads grew with the owners it reads";
+      << "the threads grew with the pairs";
+}
+
+// One owner read by 8 readers at once: its sides of their pairs are served
+// on its I/O threads, and their receives share completion queues and one
+// thread that takes the notices, so the owner adds one thread, not one per
+// reader.
+TEST(IbverbsManyOwnersTest, AnOwnersThreadsDoNotGrowWithItsReaders) {
+  constexpr int kReaders = 8;
+  constexpr uint64_t kSize = 64 << 10;
+  auto owner = ibverbs_manager(1);
+  ASSERT_NE(owner, nullptr);
+  for (const BackendInfo& info : owner->backends()) {
+    if (info.name == "ibverbs" && !info.viable) {
+      GTEST_SKIP() << "ibverbs is not viable here: " << info.reason;
+    }
+  }
+  LocalMemory theirs = with_pattern(kSize * kReaders, 950);
+  auto handle = owner->register_buffer(theirs);
+  ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+  std::vector<std::unique_ptr<Manager>> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.push_back(ibverbs_manager(1));
+    ASSERT_NE(readers.back(), nullptr);
+  }
+  const int threads_before = threads_now();
+  std::vector<LocalMemory> dsts;
+  std::vector<Transfer> reads;
+  for (int i = 0; i < kReaders; ++i) {
+    dsts.push_back(with_sentinel(kSize));
+    reads.push_back(
+        readers[i]->submit({Op::read(slice(*handle, i * kSize, kSize), dsts.back())}, kTimeout));
+  }
+  for (int i = 0; i < kReaders; ++i) {
+    ASSERT_TRUE(reads[i].wait().ok()) << reads[i].status().to_string();
+    ASSERT_EQ(find_mismatch(dsts[i].span(), 950, i * kSize), std::nullopt) << "reader " << i;
+  }
+  EXPECT_EQ(backend_detail(*owner, "ibverbs", "owner-side queue pairs"), std::to_string(kReaders));
+  EXPECT_EQ(threads_named("rdmabuf-notices"), 1);
+  // Each reader's one I/O thread, and the owner's intake.
+  EXPECT_LE(threads_now() - threads_before, kReaders + 1 + 1)
+      << "the owner's threads grew with its readers";
 }
 
 // A pair whose owner went away fails only its own ops: the other pairs on
