@@ -45,6 +45,7 @@ void EventLoop::kick(std::shared_ptr<LoopTask> task) {
     std::lock_guard lock(mu_);
     if (ended_) return;  // nothing would run it
     kicked_.push_back(std::move(task));
+    has_kicks_.store(true, std::memory_order_relaxed);
     wake = sleeping_.load(std::memory_order_seq_cst);
   }
   if (wake) signal_eventfd(wake_.get());
@@ -101,6 +102,7 @@ bool EventLoop::run_kicked() {
   {
     std::lock_guard lock(mu_);
     kicked.swap(kicked_);
+    has_kicks_.store(false, std::memory_order_relaxed);
   }
   for (const auto& task : kicked)
     run_task(task);
@@ -159,10 +161,12 @@ void EventLoop::run() {
       auto it = watched_.find(fd);
       if (it == watched_.end()) continue;  // no longer watched by an earlier run of this batch
       std::shared_ptr<LoopTask> task = it->second.task;
+      ready_fd_ = fd;
       run_task(task);
+      ready_fd_ = -1;
       active = Clock::now();
     }
-    if (n == 0 && spinning) sched_yield();
+    if (n == 0 && spinning && !has_kicks()) sched_yield();
   }
 }
 

@@ -64,6 +64,13 @@ class EventLoop {
   std::span<uint8_t> scratch() { return {scratch_.get(), kScratchBytes}; }
   // Whether the calling thread is this loop's.
   bool on_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Whether a task was kicked since the loop last ran the kicked ones: a
+  // task that spins a while (polling memory a device writes) yields the
+  // loop when this turns true. Any thread.
+  bool has_kicks() const { return has_kicks_.load(std::memory_order_relaxed); }
+  // The loop's thread only: the descriptor whose readiness runs the
+  // current task, or -1 when a kick or its time runs it.
+  int ready_fd() const { return ready_fd_; }
 
   // Runs what was kicked before, joins the thread and lets go of every
   // task; later kicks are dropped. Tasks must have closed what they watch
@@ -98,10 +105,12 @@ class EventLoop {
   std::mutex mu_;
   std::vector<std::shared_ptr<LoopTask>> kicked_;
   bool stopping_ = false;
-  bool ended_ = false;                 // the thread has left its loop
-  std::atomic<bool> sleeping_{false};  // in epoll_wait with a timeout other than 0
+  bool ended_ = false;                  // the thread has left its loop
+  std::atomic<bool> has_kicks_{false};  // kicked_ is not empty (read without mu_)
+  std::atomic<bool> sleeping_{false};   // in epoll_wait with a timeout other than 0
 
   // The loop's thread's own state.
+  int ready_fd_ = -1;
   std::unordered_map<int, Watch> watched_;
   std::set<std::pair<Deadline, LoopTask*>> timers_;
   std::unordered_map<LoopTask*, std::pair<Deadline, std::shared_ptr<LoopTask>>> timer_of_;

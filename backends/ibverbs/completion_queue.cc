@@ -1,6 +1,7 @@
 #include "backends/ibverbs/completion_queue.h"
 
 #include <fcntl.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,8 +13,13 @@ namespace {
 
 // The most entries one shared queue has, whatever the device allows beyond.
 constexpr int kMaxCqe = 65536;
+// Pairs the first queue of a loop has room for.
+constexpr int kFirstPairs = 4;
 // Completions taken per ibv_poll_cq.
 constexpr int kPollBatch = 32;
+// The longest the loop polls in one run while it spins, before it looks
+// at its other tasks' descriptors.
+constexpr auto kSpinSlice = std::chrono::microseconds(50);
 
 }  // namespace
 
@@ -54,6 +60,7 @@ SharedCq::~SharedCq() {
 }
 
 bool SharedCq::reserve() {
+  if (failed()) return false;
   uint32_t pairs = pairs_.load(std::memory_order_relaxed);
   while (pairs < capacity_) {
     if (pairs_.compare_exchange_weak(pairs, pairs + 1, std::memory_order_acq_rel)) return true;
@@ -68,25 +75,25 @@ Result<std::shared_ptr<LoopCompletions>> LoopCompletions::create(
   // A pair owes at most its depth of completions, plus one: the queue's
   // own spare (queue_pair.cc sizes private queues the same way).
   const int per_pair = static_cast<int>(pair_depth) + 1;
-  if (cqe < per_pair) {
+  if (cqe < 2 * per_pair) {
     return ResourceExhausted("the device's completion queues hold " + std::to_string(cqe) +
-                             " entries, fewer than one queue pair's " + std::to_string(per_pair));
+                             " entries, fewer than one queue pair's " +
+                             std::to_string(2 * per_pair));
   }
   RDMABUF_ASSIGN_OR_RETURN(auto channel, CompletionChannel::create(std::move(device)));
-  std::shared_ptr<LoopCompletions> completions(new LoopCompletions(
-      loop, std::move(channel), static_cast<uint32_t>(cqe / per_pair), cqe, busy_poll));
+  std::shared_ptr<LoopCompletions> completions(
+      new LoopCompletions(loop, std::move(channel), per_pair, cqe, busy_poll));
   completions->scheduled_ = true;  // its first run watches the channel
   loop.kick(completions);
   return completions;
 }
 
 LoopCompletions::LoopCompletions(EventLoop& loop, std::shared_ptr<CompletionChannel> channel,
-                                 uint32_t pairs_per_cq, int cqe,
-                                 std::chrono::microseconds busy_poll)
+                                 int per_pair, int most_cqe, std::chrono::microseconds busy_poll)
     : loop_(loop),
       channel_(std::move(channel)),
-      pairs_per_cq_(pairs_per_cq),
-      cqe_(cqe),
+      per_pair_(per_pair),
+      most_cqe_(most_cqe),
       busy_poll_(busy_poll) {}
 
 LoopCompletions::~LoopCompletions() = default;
@@ -95,7 +102,10 @@ Result<CqRoom> LoopCompletions::reserve() {
   for (const auto& queue : queues_) {
     if (queue->reserve()) return CqRoom(queue);
   }
-  RDMABUF_ASSIGN_OR_RETURN(auto queue, SharedCq::create(channel_, cqe_, pairs_per_cq_));
+  const int most_pairs = most_cqe_ / (2 * per_pair_);
+  const int pairs = std::min(most_pairs, kFirstPairs << std::min<size_t>(queues_.size(), 20));
+  RDMABUF_ASSIGN_OR_RETURN(
+      auto queue, SharedCq::create(channel_, 2 * pairs * per_pair_, static_cast<uint32_t>(pairs)));
   queues_.push_back(queue);
   queue_count_.fetch_add(1, std::memory_order_relaxed);
   if (!queue->reserve()) return Internal("a new completion queue has no room");
@@ -110,17 +120,22 @@ void LoopCompletions::detach(uint32_t qp_num) {
   if (sinks_.erase(qp_num) > 0) pair_count_.fetch_sub(1);
 }
 
-int LoopCompletions::poll(const CompletionSink* self) {
+int LoopCompletions::poll_queues(const CompletionSink* self) {
   int taken = 0;
   ibv_wc wc[kPollBatch];
   for (const auto& queue : queues_) {
     int n;
     do {
+      if (queue->failed()) break;
       n = ibv_poll_cq(queue->cq(), kPollBatch, wc);
       if (n < 0) {
-        // The queue overran or the device failed: its pairs' requests never
-        // complete, and the ops on them end at their deadlines.
+        // The queue overran or the device failed: its pairs get no more
+        // completions, so each resets (without a drain) and goes again on
+        // a pair on another queue.
         RDMABUF_LOG_ERROR("ibverbs: ibv_poll_cq failed on a shared completion queue");
+        queue->fail();
+        for (const auto& [qp_num, sink] : sinks_)
+          sink->queue_failed(queue->cq());
         break;
       }
       for (int i = 0; i < n; ++i) {
@@ -134,27 +149,39 @@ int LoopCompletions::poll(const CompletionSink* self) {
       taken += std::max(n, 0);
     } while (n == kPollBatch);
   }
-  for (CompletionSink* sink : woken_)
-    loop_.kick(sink->sink_task());
-  woken_.clear();
   if (taken > 0) last_completion_ = Clock::now();
   return taken;
 }
 
-void LoopCompletions::expect() {
-  last_completion_ = Clock::now();  // a busy window from now
-  if (scheduled_) return;
-  scheduled_ = true;
-  loop_.kick(shared_from_this());
+void LoopCompletions::wake_sinks(bool run_now) {
+  std::vector<CompletionSink*> woken;
+  woken.swap(woken_);  // a sink's run may poll, and wake others
+  for (CompletionSink* sink : woken) {
+    if (run_now) {
+      sink->sink_task()->on_run(loop_);
+    } else {
+      loop_.kick(sink->sink_task());
+    }
+  }
 }
 
-void LoopCompletions::rearm() {
+void LoopCompletions::expect() {
+  last_completion_ = Clock::now();  // a busy window from now
+  kick_once(loop_);
+}
+
+void LoopCompletions::take_events() {
   ibv_cq* cq = nullptr;
   void* context = nullptr;
   const IbvLib& lib = channel_->device().lib();
   while (lib.get_cq_event(channel_->get(), &cq, &context) == 0)  // EAGAIN ends it
     lib.ack_cq_events(cq, 1);
+}
+
+void LoopCompletions::rearm() {
+  take_events();
   for (const auto& queue : queues_) {
+    if (queue->failed()) continue;
     if (ibv_req_notify_cq(queue->cq(), 0) != 0) {
       RDMABUF_LOG_ERROR("ibverbs: cannot arm a shared completion queue's events");
     }
@@ -162,25 +189,48 @@ void LoopCompletions::rearm() {
 }
 
 void LoopCompletions::on_run(EventLoop& loop) {
-  scheduled_ = false;
+  // Run for the channel's descriptor, a queued kick stays queued.
+  if (loop.ready_fd() != channel_->get()->fd) scheduled_ = false;
   if (!watching_) {
     Status watched = loop.watch(shared_from_this(), channel_->get()->fd, EPOLLIN);
     if (!watched.ok()) RDMABUF_LOG_ERROR("ibverbs: " + watched.message());
     watching_ = watched.ok();
   }
-  poll(nullptr);
-  if (Clock::now() - last_completion_ < busy_poll_) {  // busy: poll again on the next turn
-    scheduled_ = true;
-    loop.kick(shared_from_this());
+  // The events are taken at every run, so that the descriptor does not stay
+  // readable (and run this again) while the loop spins; the queues are
+  // armed again only before it sleeps.
+  take_events();
+  // Busy: polled in a tight loop for a slice (yielding the CPU between
+  // polls), until completions come or other tasks are kicked; the pairs
+  // whose completions came run at once (this is the loop's thread, and no
+  // pair is running).
+  const Clock::time_point slice_end = Clock::now() + kSpinSlice;
+  for (;;) {
+    if (poll_queues(nullptr) > 0) {
+      wake_sinks(/*run_now=*/true);
+      break;
+    }
+    const Clock::time_point now = Clock::now();
+    if (now - last_completion_ >= busy_poll_ || now >= slice_end || loop.has_kicks()) break;
+    sched_yield();
+  }
+  if (Clock::now() - last_completion_ < busy_poll_) {  // busy: again after the loop's other tasks
+    kick_once(loop);
     return;
   }
   // Quiet: armed before sleeping, then polled once more for what came
   // between the last poll and the arming (it raises no event).
   rearm();
-  if (poll(nullptr) > 0) {
-    scheduled_ = true;
-    loop.kick(shared_from_this());
+  if (poll_queues(nullptr) > 0) {
+    wake_sinks(/*run_now=*/true);
+    kick_once(loop);
   }
+}
+
+void LoopCompletions::kick_once(EventLoop& loop) {
+  if (scheduled_) return;
+  scheduled_ = true;
+  loop.kick(shared_from_this());
 }
 
 }  // namespace rdmabuf::ibverbs

@@ -16,9 +16,6 @@
 
 namespace rdmabuf::ibverbs {
 
-// A completion queue for up to `capacity` queue pairs of `depth` work
-// requests each: room for every completion they can owe at once (a pair
-// moved to error flushes all it holds). Its events go to one channel.
 // A completion channel; it outlives every queue that reports to it.
 class CompletionChannel {
  public:
@@ -37,6 +34,12 @@ class CompletionChannel {
   ibv_comp_channel* const channel_;
 };
 
+// A completion queue for up to `capacity` queue pairs, each of which may
+// owe it a known number of completions at once (a pair moved to error
+// flushes all it holds); the queue has room for twice that, since a
+// provider may leave a destroyed pair's completions in it until they are
+// polled while the room is taken by the next pair. Its events go to one
+// channel.
 class SharedCq {
  public:
   // A queue of `cqe` entries reporting to `channel`, armed.
@@ -49,15 +52,19 @@ class SharedCq {
   SharedCq& operator=(const SharedCq&) = delete;
 
   ibv_cq* cq() const { return cq_; }
-  // Takes room for one more pair; false when full.
+  // Takes room for one more pair; false when full, or failed.
   bool reserve();
   void release() { pairs_.fetch_sub(1, std::memory_order_acq_rel); }
+  // Polling it failed (it overran, or the device did): no pair goes on it.
+  void fail() { failed_.store(true, std::memory_order_relaxed); }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
 
  private:
   const std::shared_ptr<CompletionChannel> channel_;
   ibv_cq* const cq_;
   const uint32_t capacity_;
   std::atomic<uint32_t> pairs_{0};
+  std::atomic<bool> failed_{false};
 };
 
 // Room for one queue pair on a shared queue, given back when destroyed
@@ -97,12 +104,19 @@ class CompletionSink {
   virtual void take_completion(const ibv_wc& wc) = 0;
   // The task to kick once completions were taken for it.
   virtual std::shared_ptr<LoopTask> sink_task() = 0;
+  // On the loop's thread: polling the queue `cq` failed; a pair on it gets
+  // no more completions.
+  virtual void queue_failed(ibv_cq* cq) = 0;
 };
 
 // The completion queues of one event loop, polled by its thread: right
 // after each run of a pair that has work in flight, in a busy loop for
 // `busy_poll` after the last completion, and otherwise when the channel
 // says a completion came (every queue is armed before the loop sleeps).
+// The first queue has room for a few pairs, each further one for twice as
+// many as the last (up to the device's limit), so that a loop with few
+// pairs pins little memory and one with many polls few queues. A pair
+// whose completions are found while the loop spins runs at once.
 class LoopCompletions final : public LoopTask,
                               public std::enable_shared_from_this<LoopCompletions> {
  public:
@@ -125,8 +139,13 @@ class LoopCompletions final : public LoopTask,
   // Polls every queue now, handing each completion to its sink, and kicks
   // the sinks that got any other than `self` (which takes its own at once).
   // The number of completions taken.
-  int poll(const CompletionSink* self);
-  // A pair posted work: polling goes on (busy, then armed) until it is done.
+  int poll(const CompletionSink* self) {
+    const int taken = poll_queues(self);
+    wake_sinks(/*run_now=*/false);
+    return taken;
+  }
+  // A pair posted work: polling goes on, busy for the busy-poll window
+  // from now, then armed, until it is done.
   void expect();
   // A number for a new pair, never the same as the last 2^24 pairs' of this
   // loop: its work requests carry it (kGenerationShift), so that a
@@ -140,16 +159,24 @@ class LoopCompletions final : public LoopTask,
   void on_run(EventLoop& loop) override;
 
  private:
-  LoopCompletions(EventLoop& loop, std::shared_ptr<CompletionChannel> channel,
-                  uint32_t pairs_per_cq, int cqe, std::chrono::microseconds busy_poll);
-  // Takes the channel's events (acknowledged at once) and arms every queue
-  // for the next completion.
+  LoopCompletions(EventLoop& loop, std::shared_ptr<CompletionChannel> channel, int per_pair,
+                  int most_cqe, std::chrono::microseconds busy_poll);
+  // Takes the completions of every queue to their sinks, noting in woken_
+  // those other than `self` that got any.
+  int poll_queues(const CompletionSink* self);
+  // Runs (or kicks, to run later) the sinks in woken_.
+  void wake_sinks(bool run_now);
+  // Takes the channel's events, acknowledging each at once.
+  void take_events();
+  // take_events(), and arms every queue for the next completion.
   void rearm();
+  // Kicks this task unless a kick of it is queued.
+  void kick_once(EventLoop& loop);
 
   EventLoop& loop_;
   const std::shared_ptr<CompletionChannel> channel_;
-  const uint32_t pairs_per_cq_;
-  const int cqe_;
+  const int per_pair_;  // entries a pair may owe at once
+  const int most_cqe_;  // the most entries one queue has
   const std::chrono::microseconds busy_poll_;
   std::atomic<int> queue_count_{0};
   std::atomic<int> pair_count_{0};
@@ -157,7 +184,7 @@ class LoopCompletions final : public LoopTask,
   // The loop's thread's own state.
   std::vector<std::shared_ptr<SharedCq>> queues_;
   bool watching_ = false;   // the channel's descriptor is watched
-  bool scheduled_ = false;  // kicked and not yet run
+  bool scheduled_ = false;  // a kick of this task is queued
   Clock::time_point last_completion_{};
   std::unordered_map<uint32_t, CompletionSink*> sinks_;
   std::vector<CompletionSink*> woken_;  // scratch for poll()

@@ -196,8 +196,9 @@ void Connection::on_run(EventLoop& loop) {
     return;
   }
   if (handshake_ && !finish_handshake()) return;  // it kicks the loop when done
-  // Answers, or the owner closing the connection (which also runs this).
-  if (qp_) read_answers();
+  // Answers, or the owner closing the connection: the loop runs this for
+  // the descriptor turning readable.
+  if (qp_ && (loop.ready_fd() == control_.get() || !asked_.empty())) read_answers();
   for (int round = 0;; ++round) {
     if (!qp_) {
       if (!pending_.empty() && !handshake_) begin_handshake();
@@ -217,6 +218,10 @@ void Connection::on_run(EventLoop& loop) {
 }
 
 bool Connection::step() {
+  if (queue_failed_) {
+    reset(0, Unavailable("the queue pair's completion queue failed"));
+    return true;
+  }
   bool progressed = post();
   progressed |= poll();
   if (qp_ && !asked_.empty()) progressed |= read_answers();
@@ -230,7 +235,10 @@ bool Connection::step() {
 }
 
 void Connection::settle() {
-  if (qp_ && !posted_.empty()) completions_->expect();
+  // The loop polls busy for a while after new work; then it sleeps until
+  // a completion's event.
+  if (qp_ && posted_now_) completions_->expect();
+  posted_now_ = false;
   if (control_.valid() && !control_watched_) {
     // An owner that dies closes it at once, while its NIC's silence shows
     // only after the transport's retries; and answers arrive on it.
@@ -261,6 +269,12 @@ void Connection::close_control() {
   if (control_watched_) loop_.unwatch(control_.get());
   control_watched_ = false;
   control_.reset();
+}
+
+void Connection::queue_failed(ibv_cq* cq) {
+  if (!qp_ || qp_->cq() != cq) return;
+  queue_failed_ = true;
+  loop_.kick(shared_from_this());
 }
 
 void Connection::take_completion(const ibv_wc& wc) {
@@ -526,6 +540,7 @@ bool Connection::post() {
     reset(0, Unavailable("ibv_post_send: " + errno_text(rc > 0 ? rc : errno)));
     return true;
   }
+  posted_now_ = true;
   if (!control_failure.ok()) reset(0, control_failure);
   return true;
 }
@@ -840,7 +855,8 @@ void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
   if (qp_) {
     qp_->to_error().ignore();
     const uint64_t last = posted_.empty() ? 0 : posted_.back().wr_id;
-    const auto give_up = Clock::now() + kDrainLimit;
+    // A failed queue gives no completions: nothing to wait for.
+    const auto give_up = queue_failed_ ? Clock::now() : Clock::now() + kDrainLimit;
     for (;;) {
       // Taken earlier and not yet looked at, or polled now.
       std::vector<ibv_wc> wc;
@@ -863,6 +879,7 @@ void Connection::reset(uint64_t failed, Status cause, ibv_wc_status failed_wc) {
     }
     completions_->detach(qp_->qp()->qp_num);
     arrived_.clear();
+    queue_failed_ = false;
     qp_.reset();  // destroying it also stops the NIC from using it
   }
   for (Posted& p : posted_) {

@@ -144,6 +144,7 @@ class Connection final : public LoopTask,
   void on_run(EventLoop& loop) override;
   void take_completion(const ibv_wc& wc) override;
   std::shared_ptr<LoopTask> sink_task() override { return shared_from_this(); }
+  void queue_failed(ibv_cq* cq) override;
 
  private:
   // A handshake under way on its own thread, and what it came to.
@@ -286,6 +287,8 @@ class Connection final : public LoopTask,
   std::unique_ptr<QueuePair> qp_;
   uint64_t generation_ = 0;      // qp_'s (LoopCompletions::new_generation)
   std::vector<ibv_wc> arrived_;  // qp_'s completions, taken for the next poll()
+  bool queue_failed_ = false;    // qp_'s completion queue failed: no drain to wait for
+  bool posted_now_ = false;      // post() posted since the last settle()
   Fd control_;                   // the handshake's connection: the owner's side lives as long
   bool control_watched_ = false;
   std::deque<Chunk> pending_;

@@ -151,6 +151,12 @@ class IbverbsBackend final : public Backend {
     const uint64_t max = env_.config.ib_max_message;
     std::map<Connection*, std::vector<Chunk>> batches;
     std::vector<std::shared_ptr<Connection>> used;
+    // Ops no pair can be set up for here (no event loop, no completion
+    // queue: threads, descriptors or the device's queues ran out), though
+    // their handles are sound: handed on to the next backend the owner
+    // offers.
+    std::vector<uint32_t> handed;
+    Status unset;
     for (uint32_t i : indices) {
       const Op& op = transfer->op(i);
       auto c = decode(op.remote.context("ibverbs"));
@@ -159,6 +165,13 @@ class IbverbsBackend final : public Backend {
         continue;
       }
       auto connection = connection_for(op.remote, *c);
+      const StatusCode why = connection.status().code();
+      if (!connection.ok() && why != StatusCode::kCancelled &&
+          why != StatusCode::kInvalidArgument && env_.router) {
+        handed.push_back(i);
+        unset = connection.status();
+        continue;
+      }
       if (!connection.ok()) {
         transfer->fail_op(i, connection.status().with_context(describe_op(op)));
         continue;
@@ -219,6 +232,7 @@ class IbverbsBackend final : public Backend {
     }
     for (auto& [connection, chunks] : batches)
       connection->enqueue(chunks);
+    if (!handed.empty()) env_.router->reroute(transfer, handed, "ibverbs", unset);
   }
 
   // --- the owner's side of queue pairs ------------------------------------
@@ -308,11 +322,13 @@ class IbverbsBackend final : public Backend {
                                                           env_.config.busy_poll));
     }
     EventLoop& loop = loops_->next();
-    std::shared_ptr<LoopCompletions>& completions = completions_[&loop];
-    if (!completions) {
+    auto found = completions_.find(&loop);
+    if (found == completions_.end()) {
       RDMABUF_ASSIGN_OR_RETURN(
-          completions, LoopCompletions::create(device_, loop, kPairDepth, env_.config.busy_poll));
+          auto made, LoopCompletions::create(device_, loop, kPairDepth, env_.config.busy_poll));
+      found = completions_.emplace(&loop, std::move(made)).first;
     }
+    const std::shared_ptr<LoopCompletions>& completions = found->second;
     ConnectionContext context;
     context.device = device_.get();
     context.registrations = &registrations_;

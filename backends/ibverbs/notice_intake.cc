@@ -18,16 +18,22 @@ static_assert(kNoticeSlot >= kNoticeBytes);
 constexpr int kOfferAgainMs = 5;
 // The most entries one shared queue has, whatever the device allows beyond.
 constexpr int kMaxCqe = 65536;
+// Entries of a shared queue per pair: twice what a pair may owe at once
+// (its receives, and a spare), since a provider may leave a destroyed
+// pair's completions in the queue while its room goes to the next pair.
+constexpr uint32_t kEntriesPerPair = 2 * (kNoticeReceives + 1);
+// Pairs the first queue has room for.
+constexpr uint32_t kFirstPairs = 16;
 // A receive's work request id: the receiver's generation above, its slot below.
 constexpr int kSlotBits = 32;
 
 }  // namespace
 
 // One pair's receives: its slots, and the notices taken from them that the
-// sink has not taken yet, oldest first. Under its own mu (which the intake
-// takes inside its mu_ where it holds both): the sink runs under it, so
-// that remove() waits for a notice of the pair being delivered, and for no
-// other pair's.
+// sink has not taken yet, oldest first. The intake's thread owns its state,
+// except `removed`, which mu guards; mu is held across every post to the
+// pair, so that none comes after remove(). (The intake's mu_, where both
+// are held, comes first.)
 struct NoticeIntake::Receiver {
   std::mutex mu;
   bool removed = false;  // nothing touches the pair any more
@@ -48,26 +54,24 @@ Result<std::shared_ptr<NoticeIntake>> NoticeIntake::create(std::shared_ptr<const
                                                            NoticeSink* sink,
                                                            ResponderCounts* counts) {
   const int cqe = std::min(device->attr().max_cqe, kMaxCqe);
-  const int per_pair = static_cast<int>(kNoticeReceives) + 1;
+  const int per_pair = static_cast<int>(kEntriesPerPair);
   if (cqe < per_pair) {
     return ResourceExhausted("the device's completion queues hold " + std::to_string(cqe) +
                              " entries, fewer than one queue pair's " + std::to_string(per_pair));
   }
   RDMABUF_ASSIGN_OR_RETURN(auto channel, CompletionChannel::create(std::move(device)));
   RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
-  std::shared_ptr<NoticeIntake> intake(new NoticeIntake(std::move(channel), std::move(stop), cqe,
-                                                        static_cast<uint32_t>(cqe / per_pair), sink,
-                                                        counts));
+  std::shared_ptr<NoticeIntake> intake(new NoticeIntake(
+      std::move(channel), std::move(stop), static_cast<uint32_t>(cqe / per_pair), sink, counts));
   intake->thread_ = std::thread([raw = intake.get()] { raw->run(); });
   return intake;
 }
 
-NoticeIntake::NoticeIntake(std::shared_ptr<CompletionChannel> channel, Fd stop, int cqe,
-                           uint32_t per_queue, NoticeSink* sink, ResponderCounts* counts)
+NoticeIntake::NoticeIntake(std::shared_ptr<CompletionChannel> channel, Fd stop, uint32_t most_pairs,
+                           NoticeSink* sink, ResponderCounts* counts)
     : channel_(std::move(channel)),
       stop_(std::move(stop)),
-      cqe_(cqe),
-      per_queue_(per_queue),
+      most_pairs_(most_pairs),
       sink_(sink),
       counts_(counts) {}
 
@@ -94,7 +98,12 @@ Result<CqRoom> NoticeIntake::reserve() {
   for (const auto& queue : queues_) {
     if (queue->reserve()) return CqRoom(queue);
   }
-  RDMABUF_ASSIGN_OR_RETURN(auto queue, SharedCq::create(channel_, cqe_, per_queue_));
+  // The first queue for a few pairs, each further one for twice as many
+  // as the last, up to the device's limit.
+  const auto pairs =
+      std::min<uint32_t>(most_pairs_, kFirstPairs << std::min<size_t>(queues_.size(), 20));
+  RDMABUF_ASSIGN_OR_RETURN(
+      auto queue, SharedCq::create(channel_, static_cast<int>(pairs * kEntriesPerPair), pairs));
   queues_.push_back(queue);
   if (!queue->reserve()) return Internal("a new completion queue has no room");
   return CqRoom(std::move(queue));
@@ -128,7 +137,7 @@ void NoticeIntake::remove(const QueuePair& qp) {
     r = std::move(it->second);
     receivers_.erase(it);
   }
-  std::lock_guard lock(r->mu);  // waits for a delivery of this pair's under way
+  std::lock_guard lock(r->mu);  // waits for a post to the pair under way
   r->removed = true;
 }
 
@@ -151,9 +160,7 @@ void NoticeIntake::run() {
     // Outside mu_: the sink may run a notification handler.
     held = false;
     for (const auto& r : holding) {
-      std::lock_guard lock(r->mu);
-      if (r->removed) continue;
-      offer_held_locked(*r);
+      offer_held(*r);
       held |= !r->held.empty();
     }
   }
@@ -182,14 +189,13 @@ std::vector<std::shared_ptr<NoticeIntake::Receiver>> NoticeIntake::take_locked()
       for (int i = 0; i < n; ++i) {
         auto it = receivers_.find(wc[i].qp_num);
         if (it == receivers_.end()) continue;  // its pair is gone
-        std::lock_guard lock(it->second->mu);
+        std::lock_guard lock(it->second->mu);  // it may post again
         take_completion_locked(*it->second, wc[i]);
       }
     } while (n == 16);
   }
   std::vector<std::shared_ptr<Receiver>> holding;
   for (auto& [qp_num, r] : receivers_) {
-    std::lock_guard lock(r->mu);
     if (!r->held.empty()) holding.push_back(r);
   }
   return holding;
@@ -210,25 +216,31 @@ void NoticeIntake::take_completion_locked(Receiver& r, const ibv_wc& wc) {
           ? Result<NoticeRecord>(ProtocolError("an RDMA WRITE with immediate, not a notice"))
           : decode_notice({r.slots.get() + size_t{slot} * kNoticeSlot, wc.byte_len});
   if (!notice.ok()) {
-    refuse_locked(r, notice.status());
+    refuse(r, notice.status());
     repost_locked(r, slot);
     return;
   }
   r.held.emplace_back(slot, std::move(notice).value());
 }
 
-void NoticeIntake::offer_held_locked(Receiver& r) {
+void NoticeIntake::offer_held(Receiver& r) {
   while (!r.held.empty()) {
     auto& [slot, notice] = r.held.front();
+    // No lock held: the sink may run a notification handler, which may do
+    // anything, shutting its manager down included.
     Status taken = sink_ ? sink_->deliver(r.reader_id, notice)
                          : FailedPrecondition("this manager takes no notices");
     if (taken.code() == StatusCode::kResourceExhausted) return;  // again later
     if (taken.ok()) {
       counts_->notices++;
     } else {
-      refuse_locked(r, taken);
+      refuse(r, taken);
     }
-    repost_locked(r, slot);
+    {
+      std::lock_guard lock(r.mu);
+      if (r.removed) return;  // its pair is going: nothing is posted to it
+      repost_locked(r, slot);
+    }
     r.held.pop_front();
   }
 }
@@ -253,7 +265,7 @@ void NoticeIntake::fail_locked(Receiver& r, const std::string& why) {
                     why + "); it takes no more notices");
 }
 
-void NoticeIntake::refuse_locked(Receiver& r, const Status& why) {
+void NoticeIntake::refuse(Receiver& r, const Status& why) {
   counts_->refused++;
   const std::string text =
       "ibverbs: dropped a notice from manager " + hex_id(r.reader_id) + ": " + why.to_string();

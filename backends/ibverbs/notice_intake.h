@@ -65,8 +65,8 @@ class NoticeIntake {
   // on them, until remove(). Any thread.
   Status add(QueuePair& qp, uint64_t reader_id);
   // From its return nothing of the pair is touched (call before destroying
-  // it); notices it held and the sink had not taken are dropped with it.
-  // Waits while one of its notices is being delivered.
+  // it); notices it held and the sink had not taken are dropped with it
+  // (one being delivered still is).
   void remove(const QueuePair& qp);
   // Ends the thread (after the delivery under way, unless called from it);
   // later notices stay in their queues.
@@ -74,23 +74,24 @@ class NoticeIntake {
 
  private:
   struct Receiver;
-  NoticeIntake(std::shared_ptr<CompletionChannel> channel, Fd stop, int cqe, uint32_t per_queue,
+  NoticeIntake(std::shared_ptr<CompletionChannel> channel, Fd stop, uint32_t most_pairs,
                NoticeSink* sink, ResponderCounts* counts);
   void run();
   // With mu_ held: takes the completions that came; the receivers that
   // hold notices now.
   std::vector<std::shared_ptr<Receiver>> take_locked();
-  // With the receiver's mu held.
+  // The intake's thread, with the receiver's mu held.
   void take_completion_locked(Receiver& r, const ibv_wc& wc);
-  void offer_held_locked(Receiver& r);
   void repost_locked(Receiver& r, uint32_t slot);
   void fail_locked(Receiver& r, const std::string& why);
-  void refuse_locked(Receiver& r, const Status& why);
+  // The intake's thread, with no lock held: hands the notices `r` holds to
+  // the sink, in order, until it has no room.
+  void offer_held(Receiver& r);
+  void refuse(Receiver& r, const Status& why);
 
   const std::shared_ptr<CompletionChannel> channel_;
-  const Fd stop_;  // eventfd
-  const int cqe_;
-  const uint32_t per_queue_;
+  const Fd stop_;              // eventfd
+  const uint32_t most_pairs_;  // on one queue, as the device allows
   NoticeSink* const sink_;
   ResponderCounts* const counts_;
   std::thread thread_;

@@ -128,9 +128,9 @@ class Manager {
   Result<Notification> next_notification(std::chrono::milliseconds timeout);
   // Hands notifications to `handler` instead of queueing them (empty: queue
   // again). It runs on a library thread (an endpoint's, or over ibverbs the
-  // one that serves the writer's queue pair), one notification at a time
-  // per peer: keep it short; while it runs, that peer's later
-  // notifications, and its writer, wait.
+  // manager's notice thread), one notification at a time per peer (over
+  // ibverbs, one at a time for all peers): keep it short; while it runs,
+  // the later notifications, and their writers, wait.
   void set_notification_handler(std::function<void(const Notification&)> handler);
 
   // Stops serving and transferring: closes the listener and every

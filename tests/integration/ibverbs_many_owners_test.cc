@@ -98,8 +98,10 @@ TEST(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
 
   EXPECT_EQ(backend_detail(*reader, "ibverbs", "reader queue pairs"), std::to_string(kOwners));
   EXPECT_EQ(backend_detail(*reader, "ibverbs", "reader I/O threads"), std::to_string(kLoops));
-  // One queue per thread holds all 16 pairs' completions.
-  EXPECT_EQ(backend_detail(*reader, "ibverbs", "reader completion queues"), std::to_string(kLoops));
+  // Eight pairs per thread share two queues: the first has room for 4
+  // pairs, the next for twice as many.
+  EXPECT_EQ(backend_detail(*reader, "ibverbs", "reader completion queues"),
+            std::to_string(2 * kLoops));
   EXPECT_EQ(threads_named("rdmabuf-loop"), kLoops);
   EXPECT_EQ(threads_named("rdmabuf-notices"), kOwners);  // one per owner
   EXPECT_LE(threads_now() - threads_before, kOwners + kLoops + 1)
