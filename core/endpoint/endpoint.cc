@@ -62,7 +62,6 @@ EndpointImpl::EndpointImpl(endpoint::EndpointHost& host, Fd fd, FrameChannel::Ki
       peer_notice_key_(theirs.notice_key) {
   reading_.in = std::make_unique<uint8_t[]>(endpoint::kInCapacity);
   reader_ = std::thread([this] { serve(); });
-  lease_keeper_ = std::thread([this] { keep_leases(); });
   host_.notice_routes().add(notice_key_, this);
 }
 
@@ -105,10 +104,20 @@ void EndpointImpl::close(const Status& why) {
   break_with(why);
   wait_for_looks();  // those under way end: the endpoint is broken
   {
-    std::lock_guard join(join_mu_);
-    if (reader_.joinable()) reader_.join();
-    if (lease_keeper_.joinable()) lease_keeper_.join();
+    std::lock_guard join(join_mu_);  // a second close waits for the first's joins
+    std::thread reader, lease_keeper;
+    {
+      std::lock_guard threads(threads_mu_);
+      joined_ = true;
+      reader.swap(reader_);
+      lease_keeper.swap(lease_keeper_);
+    }
+    if (reader.joinable()) reader.join();
+    if (lease_keeper.joinable()) lease_keeper.join();
   }
+  // Loans made while no lease keeper ran yet (one starts with the first)
+  // are reclaimed here: broken, it releases every loan and returns.
+  keep_leases();
   cancel_writes();
 }
 

@@ -371,9 +371,14 @@ class EndpointImpl final : public NoticeTaker {
   // last asked for one.
   std::atomic<uint64_t> doorbells_taken_{0};
   uint64_t doorbells_seen_ = 0;  // the endpoint's thread alone
+  // Held across close()'s joins. Taken before threads_mu_, which guards
+  // the threads below and joined_ (close() took them to join: none starts
+  // after), never across a join.
   std::mutex join_mu_;
+  std::mutex threads_mu_;
+  bool joined_ = false;
   std::thread reader_;
-  std::thread lease_keeper_;
+  std::thread lease_keeper_;  // from the first loan on (lending.cc)
 };
 
 }  // namespace rdmabuf

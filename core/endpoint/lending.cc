@@ -79,6 +79,12 @@ Status EndpointImpl::answer_lend(uint64_t id, uint64_t size, std::chrono::millis
     return broken;
   }
   leases_cv_.notify_all();  // the lease keeper learns the new expiry
+  {
+    // The first loan starts it: an endpoint that lends nothing has none.
+    std::lock_guard threads(threads_mu_);
+    if (!joined_ && !lease_keeper_.joinable())
+      lease_keeper_ = std::thread([this] { keep_leases(); });
+  }
   return reply(Frame::kLent, id, Status::Ok(), static_cast<uint64_t>(lease.count()),
                handle->to_bytes());
 }

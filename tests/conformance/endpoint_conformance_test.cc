@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <map>
@@ -1198,6 +1199,30 @@ TEST_P(ConformanceTest, EndpointLentMemoryIsUsableUntilItsLeaseEnds) {
   EXPECT_EQ(reader_->write_from(lease->buffer, back).code(), StatusCode::kNotFound);
   EXPECT_EQ(borrower->renew(lease->buffer, 1s, kTimeout).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(owner_->registered_count(), registered);
+}
+
+// The threads of this process (one directory each under /proc/self/task).
+int threads_now() {
+  int n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++n;
+  return n;
+}
+
+// An endpoint's lease keeper starts with its first loan: endpoints that
+// lend nothing (most) cost one thread each, not two.
+TEST_P(ConformanceTest, EndpointLeaseKeeperStartsWithTheFirstLoan) {
+  auto [lender, borrower] = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(lender && borrower);
+  const int before = threads_now();
+  auto lease = borrower->request_remote_buffer(4096, 10s, kTimeout);
+  ASSERT_TRUE(lease.ok()) << lease.status().to_string();
+  EXPECT_EQ(threads_now(), before + 1) << "the lender's lease keeper, and nothing else";
+  auto again = borrower->request_remote_buffer(4096, 10s, kTimeout);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(threads_now(), before + 1) << "one lease keeper for every loan";
 }
 
 TEST_P(ConformanceTest, EndpointLentMemoryComesBackWithWhatWasWritten) {
