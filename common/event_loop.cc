@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 
 #include "common/log.h"
 
@@ -170,6 +171,45 @@ void EventLoop::run() {
   }
 }
 
+namespace {
+
+// Tells drain() that the loop has run everything kicked before it.
+class Barrier final : public LoopTask {
+ public:
+  void on_run(EventLoop&) override {
+    std::lock_guard lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+void EventLoop::drain() {
+  if (on_loop_thread()) return;
+  auto barrier = std::make_shared<Barrier>();
+  bool wake = false;
+  {
+    std::lock_guard lock(mu_);
+    if (ended_) return;
+    // Before the loop ends it runs every kicked task once more: this too.
+    kicked_.push_back(barrier);
+    has_kicks_.store(true, std::memory_order_relaxed);
+    wake = sleeping_.load(std::memory_order_seq_cst);
+  }
+  if (wake) signal_eventfd(wake_.get());
+  barrier->wait();
+}
+
 void EventLoop::stop() {
   {
     std::lock_guard lock(mu_);
@@ -199,9 +239,47 @@ EventLoop& EventLoops::next() {
   return *loops_[turn_.fetch_add(1, std::memory_order_relaxed) % loops_.size()];
 }
 
+void EventLoops::drain() {
+  for (auto& loop : loops_)
+    loop->drain();
+}
+
 void EventLoops::stop() {
   for (auto& loop : loops_)
     loop->stop();
+}
+
+Result<EventLoops*> SharedLoops::get() {
+  std::lock_guard lock(mu_);
+  if (stopped_) return Cancelled("the manager is shutting down");
+  if (!loops_) {
+    RDMABUF_ASSIGN_OR_RETURN(loops_, EventLoops::create(threads_, busy_poll_));
+  }
+  return loops_.get();
+}
+
+int SharedLoops::threads() const {
+  std::lock_guard lock(mu_);
+  return loops_ ? loops_->threads() : 0;
+}
+
+void SharedLoops::drain() {
+  EventLoops* loops = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    loops = loops_.get();
+  }
+  if (loops) loops->drain();  // (made once; destroyed only with this)
+}
+
+void SharedLoops::stop() {
+  EventLoops* loops = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    stopped_ = true;
+    loops = loops_.get();
+  }
+  if (loops) loops->stop();
 }
 
 }  // namespace rdmabuf

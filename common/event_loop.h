@@ -72,6 +72,11 @@ class EventLoop {
   // current task, or -1 when a kick or its time runs it.
   int ready_fd() const { return ready_fd_; }
 
+  // Returns once every task kicked before the call has run (its final run,
+  // for a task that was just told to stop). From the loop's own thread, or
+  // once the loop has ended, returns at once.
+  void drain();
+
   // Runs what was kicked before, joins the thread and lets go of every
   // task; later kicks are dropped. Tasks must have closed what they watch
   // (their own stop signal). On the loop's own thread it only asks the
@@ -123,12 +128,43 @@ class EventLoops {
                                                     std::chrono::microseconds busy_poll);
   EventLoop& next();
   int threads() const { return static_cast<int>(loops_.size()); }
+  // EventLoop::drain on each.
+  void drain();
   // Stops every loop (EventLoop::stop).
   void stop();
 
  private:
   std::vector<std::unique_ptr<EventLoop>> loops_;
   std::atomic<size_t> turn_{0};
+};
+
+// The event loops that one manager's backends share for their outbound
+// connections (tcp streams, ibverbs queue pairs): made on first use, so a
+// manager that only owns buffers runs none. A backend that stops drains
+// them (its tasks' final runs have run); the manager stops them once
+// every backend has. Thread-safe.
+class SharedLoops {
+ public:
+  SharedLoops(int threads, std::chrono::microseconds busy_poll)
+      : threads_(threads), busy_poll_(busy_poll) {}
+  ~SharedLoops() { stop(); }
+  SharedLoops(const SharedLoops&) = delete;
+  SharedLoops& operator=(const SharedLoops&) = delete;
+
+  // The loops, started on the first call; kCancelled once stopped.
+  Result<EventLoops*> get();
+  // Threads started (0 before the first get()).
+  int threads() const;
+  // EventLoops::drain, if they were started.
+  void drain();
+  void stop();
+
+ private:
+  const int threads_;
+  const std::chrono::microseconds busy_poll_;
+  mutable std::mutex mu_;  // guards loops_ and stopped_
+  std::unique_ptr<EventLoops> loops_;
+  bool stopped_ = false;
 };
 
 }  // namespace rdmabuf

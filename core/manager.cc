@@ -11,8 +11,10 @@
 
 #include "common/buffer_access.h"
 #include "common/cuda_driver.h"
+#include "common/event_loop.h"
 #include "common/hello.h"
 #include "common/host.h"
+#include "common/io_pool.h"
 #include "common/log.h"
 #include "common/op_text.h"
 #include "common/scratch.h"
@@ -116,7 +118,10 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   PeerIdentity identity_;
   Registry registry_;
   std::atomic<size_t> releasing_{0};  // release() calls under way (registered_count)
-  std::vector<Slot> slots_;           // priority order, best first
+  // The event loops the backends drive their outbound connections on;
+  // outlives the backends (declared before slots_).
+  SharedLoops reader_loops_{io_threads_for(config_.io_threads), config_.busy_poll};
+  std::vector<Slot> slots_;  // priority order, best first
   std::unique_ptr<Listener> listener_;
   DeadlineWatcher deadlines_;
   std::atomic<uint64_t> next_id_{1};
@@ -175,7 +180,7 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::create(const Config& config) {
   m->identity_.host_id = this_host_id();
   m->identity_.pid = static_cast<uint32_t>(getpid());
 
-  BackendEnv env{config, m->identity_, &m->registry_, m.get(), m.get()};
+  BackendEnv env{config, m->identity_, &m->registry_, m.get(), m.get(), &m->reader_loops_};
   for (const BackendFactory& f : backend_factories()) {
     Slot slot{&f, nullptr, ""};
     bool enabled = config.backends.empty();
@@ -688,7 +693,8 @@ void ManagerImpl::shutdown() {
   for (Slot& slot : slots_) {
     if (slot.backend) slot.backend->shutdown();
   }
-  stager_.shutdown();  // its pieces have all finished with the backends
+  reader_loops_.stop();  // every backend's tasks on them have had their final runs
+  stager_.shutdown();    // its pieces have all finished with the backends
   listener_->join_connections();
   deadlines_.stop();
   notifications_.close();

@@ -80,38 +80,14 @@ Connection::~Connection() {
 }
 
 void Connection::enqueue(std::vector<Chunk>& chunks) {
-  {
-    std::lock_guard lock(mu_);
-    if (!stopped_) {
-      for (Chunk& c : chunks)
-        incoming_.push_back(std::move(c));
-      chunks.clear();
-      if (!scheduled_) {
-        scheduled_ = true;
-        loop_.kick(shared_from_this());
-      }
-      return;
-    }
-  }
+  if (inbox_.push(chunks, loop_, this)) return;
   for (Chunk& c : chunks)
     complete(c, Cancelled("the manager is shutting down"));
   chunks.clear();
 }
 
 void Connection::stop() {
-  std::vector<Chunk> left;
-  {
-    std::lock_guard lock(mu_);
-    if (!stopped_) {
-      stopped_ = true;
-      left.swap(incoming_);
-      if (!scheduled_) {
-        scheduled_ = true;
-        loop_.kick(shared_from_this());
-      }
-    }
-  }
-  for (Chunk& c : left)
+  for (Chunk& c : inbox_.stop(loop_, this))
     complete(c, Cancelled("the manager is shutting down"));
   std::thread handshaker;
   {
@@ -122,20 +98,11 @@ void Connection::stop() {
 }
 
 bool Connection::idle() {
-  std::lock_guard lock(mu_);
-  return incoming_.empty() && !scheduled_ && !busy_.load(std::memory_order_acquire);
+  return inbox_.idle();
 }
 
 bool Connection::take_incoming() {
-  std::lock_guard lock(mu_);
-  // Busy from here on (settle() says otherwise once it is idle again), so
-  // that idle() never says so of a connection whose work the loop has taken.
-  if (!incoming_.empty()) busy_.store(true, std::memory_order_release);
-  scheduled_ = false;
-  for (Chunk& c : incoming_)
-    pending_.push_back(std::move(c));
-  incoming_.clear();
-  return stopped_;
+  return inbox_.take(pending_);
 }
 
 Status Connection::health() const {
@@ -247,8 +214,7 @@ void Connection::settle() {
   const bool waiting = !posted_.empty() || !parked_.empty() || !asked_.empty();
   // Cancellations and stalls are noticed within kCheckEvery.
   loop_.wake_at(shared_from_this(), waiting ? Clock::now() + kCheckEvery : Deadline::max());
-  busy_.store(qp_ != nullptr || handshake_ != nullptr || !pending_.empty(),
-              std::memory_order_release);
+  inbox_.set_busy(qp_ != nullptr || handshake_ != nullptr || !pending_.empty());
   // Work left without a pair (the last round reset it): a handshake next.
   if (!qp_ && !handshake_ && !pending_.empty()) loop_.kick(shared_from_this());
 }
@@ -262,7 +228,7 @@ void Connection::shut_down() {
   close_control();
   handshake_.reset();  // its thread's pair goes with it
   loop_.wake_at(shared_from_this(), Deadline::max());
-  busy_.store(false, std::memory_order_release);
+  inbox_.set_busy(false);
 }
 
 void Connection::close_control() {
@@ -303,11 +269,8 @@ void Connection::begin_handshake() {
   // a reader that holds one of its handles.
   const RemoteBuffer& presented = pending_.front().transfer->op(pending_.front().op).remote;
   std::lock_guard lock(handshaker_mu_);
-  {
-    // stop() joins every handshake begun before it set stopped_.
-    std::lock_guard stopping(mu_);
-    if (stopped_) return;  // the run it kicked fails what waits
-  }
+  // stop() joins every handshake begun before it stopped inbox_.
+  if (inbox_.stopped()) return;  // the run it kicked fails what waits
   handshake_ = std::make_shared<Handshake>();
   handshake_->claim = HandleClaim::of(presented);
   handshaker_ = std::thread(&Connection::shake_hands, context_, handshake_->claim,

@@ -21,6 +21,7 @@
 #include "backends/ibverbs/handshake.h"
 #include "backends/ibverbs/queue_pair.h"
 #include "common/event_loop.h"
+#include "common/loop_inbox.h"
 #include "common/socket.h"
 #include "rdmabuf/backend.h"
 
@@ -270,15 +271,11 @@ class Connection final : public LoopTask,
   Clock::time_point retry_at_{};
   std::chrono::milliseconds backoff_{100};
 
-  // Shared with submitters, under mu_.
-  std::mutex mu_;
-  std::vector<Chunk> incoming_;
-  bool scheduled_ = false;  // kicked, and not yet run since
-  bool stopped_ = false;
-  std::atomic<bool> busy_{false};  // the loop holds work, a pair or a handshake
+  // What submitters hand the connection.
+  LoopInbox<Chunk> inbox_;
 
   // The handshake's thread, joined by the loop once it is done, or by stop().
-  // Taken before mu_ where both are held.
+  // Taken before inbox_'s lock where both are held.
   std::mutex handshaker_mu_;
   std::thread handshaker_;
 

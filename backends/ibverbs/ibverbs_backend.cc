@@ -44,7 +44,13 @@ class IbverbsBackend final : public Backend {
         gpu_registrations_(*device_, device_->has_windows()),
         registrations_(*device_, &gpu_registrations_),
         stop_fd_(std::move(stop_fd)),
-        access_(*device_, &gpu_registrations_) {}
+        access_(*device_, &gpu_registrations_) {
+    if (!env_.loops) {  // no manager's to share
+      own_loops_ = std::make_unique<SharedLoops>(io_threads_for(env_.config.io_threads),
+                                                 env_.config.busy_poll);
+      env_.loops = own_loops_.get();
+    }
+  }
   ~IbverbsBackend() override { shutdown(); }
 
   std::string_view name() const override { return "ibverbs"; }
@@ -86,7 +92,7 @@ class IbverbsBackend final : public Backend {
         pairs += completions->pairs();
         queues += completions->queues();
       }
-      threads = loops_ ? loops_->threads() : 0;
+      threads = env_.loops->threads();
     }
     info.details.emplace_back("reader queue pairs", std::to_string(pairs));
     info.details.emplace_back("reader completion queues", std::to_string(queues));
@@ -264,19 +270,17 @@ class IbverbsBackend final : public Backend {
     stopping_.store(true);
     signal_eventfd(stop_fd_.get());
     std::vector<std::shared_ptr<Connection>> connections;
-    EventLoops* loops = nullptr;
     {
       std::lock_guard lock(connections_mu_);
       for (auto& [key, connection] : connections_)
         connections.push_back(connection);
-      loops = loops_.get();
     }
     // Outside the lock: a stop completes ops, whose callbacks may submit
-    // more (which fail at once). The loops run the connections' last runs
-    // (each drains and destroys its pair) before they end.
+    // more (which fail at once). Then the loops run the connections' last
+    // runs (each drains and destroys its pair).
     for (auto& connection : connections)
       connection->stop();
-    if (loops) loops->stop();
+    env_.loops->drain();
     std::shared_ptr<NoticeIntake> intake;
     {
       std::lock_guard lock(intake_mu_);
@@ -317,11 +321,8 @@ class IbverbsBackend final : public Backend {
       }
     }
     RDMABUF_ASSIGN_OR_RETURN(HostPort address, parse_host_port(remote.owner().address));
-    if (!loops_) {  // a process that only owns buffers never starts them
-      RDMABUF_ASSIGN_OR_RETURN(loops_, EventLoops::create(io_threads_for(env_.config.io_threads),
-                                                          env_.config.busy_poll));
-    }
-    EventLoop& loop = loops_->next();
+    RDMABUF_ASSIGN_OR_RETURN(EventLoops * loops, env_.loops->get());
+    EventLoop& loop = loops->next();
     auto found = completions_.find(&loop);
     if (found == completions_.end()) {
       RDMABUF_ASSIGN_OR_RETURN(
@@ -365,11 +366,11 @@ class IbverbsBackend final : public Backend {
   RemoteAccess access_;
 
   mutable std::mutex connections_mu_;
-  // Guarded by connections_mu_ (loops_ is made once, on the first
-  // connection, and stopped at shutdown).
+  // Guarded by connections_mu_.
   std::map<ConnectionKey, std::shared_ptr<Connection>> connections_;
-  std::unique_ptr<EventLoops> loops_;  // the reader's queue pairs' threads
   std::map<EventLoop*, std::shared_ptr<LoopCompletions>> completions_;  // one per loop
+  // The queue pairs' threads, where no manager shares its own (env_.loops).
+  std::unique_ptr<SharedLoops> own_loops_;
 };
 
 }  // namespace

@@ -110,55 +110,23 @@ Stream::Stream(std::shared_ptr<const PeerContext> peer, int index, EventLoop& lo
 
 void Stream::enqueue(std::vector<Chunk>& chunks, uint64_t cost) {
   load_.fetch_add(cost, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(mu_);
-    if (!stopped_) {
-      for (Chunk& c : chunks)
-        incoming_.push_back(std::move(c));
-      chunks.clear();
-      if (!scheduled_) {
-        scheduled_ = true;
-        loop_.kick(shared_from_this());
-      }
-      return;
-    }
-  }
+  if (inbox_.push(chunks, loop_, this)) return;
   for (Chunk& c : chunks)
     finish(c, Cancelled("the manager is shutting down"));
   chunks.clear();
 }
 
 void Stream::stop() {
-  std::vector<Chunk> left;
-  {
-    std::lock_guard lock(mu_);
-    if (stopped_) return;
-    stopped_ = true;
-    left.swap(incoming_);
-    if (!scheduled_) {
-      scheduled_ = true;
-      loop_.kick(shared_from_this());
-    }
-  }
-  for (Chunk& c : left)
+  for (Chunk& c : inbox_.stop(loop_, this))
     finish(c, Cancelled("the manager is shutting down"));
 }
 
 bool Stream::idle() {
-  std::lock_guard lock(mu_);
-  return incoming_.empty() && !scheduled_ && !busy_.load(std::memory_order_acquire);
+  return inbox_.idle();
 }
 
 bool Stream::take_incoming() {
-  std::lock_guard lock(mu_);
-  // Busy from here on (settle() says otherwise once it is idle again), so
-  // that idle() never says so of a stream whose work the loop has taken.
-  if (!incoming_.empty()) busy_.store(true, std::memory_order_release);
-  scheduled_ = false;
-  for (Chunk& c : incoming_)
-    pending_.push_back(std::move(c));
-  incoming_.clear();
-  return stopped_;
+  return inbox_.take(pending_);
 }
 
 void Stream::on_run(EventLoop& loop) {
@@ -250,7 +218,7 @@ void Stream::settle() {
     }
   }
   loop_.wake_at(self, at);
-  busy_.store(link_ != Link::kClosed || !pending_.empty(), std::memory_order_release);
+  inbox_.set_busy(link_ != Link::kClosed || !pending_.empty());
 }
 
 void Stream::finish(Chunk& chunk, const Status& status) {

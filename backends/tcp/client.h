@@ -16,6 +16,7 @@
 #include "backends/tcp/protocol.h"
 #include "common/event_loop.h"
 #include "common/hello.h"
+#include "common/loop_inbox.h"
 #include "common/socket.h"
 #include "rdmabuf/backend.h"
 
@@ -109,7 +110,7 @@ class Stream final : public LoopTask, public std::enable_shared_from_this<Stream
   bool advance_connect();
   bool advance_greeting();
   // Watches the socket and sets the stall or connect timer as the link
-  // stands; publishes busy_.
+  // stands; tells inbox_ whether the stream holds anything.
   void settle();
   void encode();
   bool pump_send();
@@ -134,15 +135,13 @@ class Stream final : public LoopTask, public std::enable_shared_from_this<Stream
   EventLoop& loop_;
   std::atomic<uint64_t> load_{0};
 
-  // Shared with submitters, under mu_.
+  // What submitters hand the stream.
+  LoopInbox<Chunk> inbox_;
+  // The name lookup's outcome, for lookup number `lookups_`; under mu_,
+  // shared with the lookup's thread.
   std::mutex mu_;
-  std::vector<Chunk> incoming_;
-  bool scheduled_ = false;  // kicked, and not yet run since
-  bool stopped_ = false;
-  // The name lookup's outcome, for lookup number `lookups_`.
   std::optional<Result<TcpConnecting>> looked_up_;
   uint64_t lookups_ = 0;
-  std::atomic<bool> busy_{false};  // the loop holds work or a connection
 
   // The loop's own state.
   Link link_ = Link::kClosed;

@@ -62,12 +62,9 @@ void Stream::begin_lookup() {
   std::thread([self = shared_from_this(), lookup] {
     auto connecting = TcpConnecting::begin(self->peer_->address);
     std::lock_guard lock(self->mu_);
-    if (self->stopped_ || self->lookups_ != lookup) return;
+    if (self->lookups_ != lookup) return;
     self->looked_up_.emplace(std::move(connecting));
-    if (!self->scheduled_) {
-      self->scheduled_ = true;
-      self->loop_.kick(self);
-    }
+    self->inbox_.kick_unless_stopped(self->loop_, self.get());
   }).detach();
 }
 

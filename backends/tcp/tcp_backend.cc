@@ -22,7 +22,13 @@ constexpr size_t kPrunePeersAt = 64;
 
 class TcpBackend final : public Backend {
  public:
-  TcpBackend(const BackendEnv& env, Fd stop_fd) : env_(env), stop_fd_(std::move(stop_fd)) {}
+  TcpBackend(const BackendEnv& env, Fd stop_fd) : env_(env), stop_fd_(std::move(stop_fd)) {
+    if (!env_.loops) {  // no manager's to share
+      own_loops_ = std::make_unique<SharedLoops>(io_threads_for(env_.config.io_threads),
+                                                 env_.config.busy_poll);
+      env_.loops = own_loops_.get();
+    }
+  }
   ~TcpBackend() override { shutdown(); }
 
   std::string_view name() const override { return "tcp"; }
@@ -89,19 +95,16 @@ class TcpBackend final : public Backend {
     stopping_.store(true);
     signal_eventfd(stop_fd_.get());
     std::vector<std::shared_ptr<Peer>> peers;
-    EventLoops* loops = nullptr;
     {
       std::lock_guard lock(peers_mu_);
       for (auto& [id, peer] : peers_)
         peers.push_back(peer);
-      loops = loops_.get();
     }
     // Outside the lock: stopping completes transfers, whose callbacks may
-    // call back into submit(). The loops run the streams' stops before
-    // they end.
+    // call back into submit(). Then the loops run the streams' stops.
     for (auto& peer : peers)
       peer->stop();
-    if (loops) loops->stop();
+    env_.loops->drain();
   }
 
  private:
@@ -122,11 +125,8 @@ class TcpBackend final : public Backend {
     context.self_id = env_.self.manager_id;
     context.stall_timeout = env_.config.io_stall_timeout;
     context.stopping = &stopping_;
-    if (!loops_) {  // a process that only owns buffers never starts them
-      RDMABUF_ASSIGN_OR_RETURN(loops_, EventLoops::create(io_threads_for(env_.config.io_threads),
-                                                          env_.config.busy_poll));
-    }
-    auto peer = std::make_shared<Peer>(std::move(context), env_.config.tcp_streams, *loops_);
+    RDMABUF_ASSIGN_OR_RETURN(EventLoops * loops, env_.loops->get());
+    auto peer = std::make_shared<Peer>(std::move(context), env_.config.tcp_streams, *loops);
     peers_.emplace(std::move(key), peer);
     return peer;
   }
@@ -146,10 +146,9 @@ class TcpBackend final : public Backend {
   std::atomic<bool> stopping_{false};
   std::mutex peers_mu_;
   using PeerKey = std::pair<uint64_t, std::string>;
-  // Guarded by peers_mu_ (loops_ is made once, on the first peer, and
-  // stays until the backend is destroyed).
-  std::map<PeerKey, std::shared_ptr<Peer>> peers_;
-  std::unique_ptr<EventLoops> loops_;  // the streams' threads
+  std::map<PeerKey, std::shared_ptr<Peer>> peers_;  // guarded by peers_mu_
+  // The streams' threads, where no manager shares its own (env_.loops).
+  std::unique_ptr<SharedLoops> own_loops_;
 };
 
 }  // namespace

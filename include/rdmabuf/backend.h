@@ -35,7 +35,8 @@ enum class TransportLevel : uint8_t { kTcp = 1, kNic = 2, kMemory = 3 };
 const char* transport_level_name(TransportLevel level);
 
 // What `rdmabuf info` and Manager::backends() show for one backend.
-class IoSession;  // common/io_pool.h
+class IoSession;    // common/io_pool.h
+class SharedLoops;  // common/event_loop.h
 
 struct BackendInfo {
   std::string name;
@@ -332,6 +333,9 @@ struct BackendEnv {
   // Takes the notices this backend reads (may be null: none are taken);
   // outlives the backend.
   NoticeSink* notices = nullptr;
+  // The event loops of the manager's outbound connections, shared by its
+  // backends (null: a backend makes its own); outlives the backend.
+  SharedLoops* loops = nullptr;
 };
 
 // ---------------------------------------------------------------------------

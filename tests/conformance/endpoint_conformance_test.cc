@@ -10,7 +10,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <filesystem>
 #include <functional>
 #include <future>
 #include <map>
@@ -32,6 +31,7 @@
 #include "tests/helpers/pattern.h"
 #include "tests/helpers/printers.h"
 #include "tests/helpers/sanitizer.h"
+#include "tests/helpers/threads.h"
 
 namespace rdmabuf::conformance {
 namespace {
@@ -1201,28 +1201,18 @@ TEST_P(ConformanceTest, EndpointLentMemoryIsUsableUntilItsLeaseEnds) {
   EXPECT_EQ(owner_->registered_count(), registered);
 }
 
-// The threads of this process (one directory each under /proc/self/task).
-int threads_now() {
-  int n = 0;
-  std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
-    ++n;
-  return n;
-}
-
 // An endpoint's lease keeper starts with its first loan: endpoints that
 // lend nothing (most) cost one thread each, not two.
 TEST_P(ConformanceTest, EndpointLeaseKeeperStartsWithTheFirstLoan) {
   auto [lender, borrower] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(lender && borrower);
-  const int before = threads_now();
+  const int before = testing::threads_of();
   auto lease = borrower->request_remote_buffer(4096, 10s, kTimeout);
   ASSERT_TRUE(lease.ok()) << lease.status().to_string();
-  EXPECT_EQ(threads_now(), before + 1) << "the lender's lease keeper, and nothing else";
+  EXPECT_EQ(testing::threads_of(), before + 1) << "the lender's lease keeper, and nothing else";
   auto again = borrower->request_remote_buffer(4096, 10s, kTimeout);
   ASSERT_TRUE(again.ok()) << again.status().to_string();
-  EXPECT_EQ(threads_now(), before + 1) << "one lease keeper for every loan";
+  EXPECT_EQ(testing::threads_of(), before + 1) << "one lease keeper for every loan";
 }
 
 TEST_P(ConformanceTest, EndpointLentMemoryComesBackWithWhatWasWritten) {

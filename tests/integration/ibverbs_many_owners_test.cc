@@ -2,38 +2,14 @@
 // I/O threads and share their completion queues, so neither grows with the
 // owners it reads. Skips, saying why, where ibverbs is not viable
 // (scripts/softroce-vm runs these tests).
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "tests/helpers/backend_detail.h"
+#include "tests/helpers/threads.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
 namespace {
-
-int threads_now() {
-  int n = 0;
-  std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
-    ++n;
-  return n;
-}
-
-int threads_named(const std::string& wanted) {
-  int n = 0;
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    n += name == wanted ? 1 : 0;
-  }
-  return n;
-}
 
 std::unique_ptr<Manager> ibverbs_manager(int io_threads = 0) {
   return make_manager([&](Config& c) {
@@ -70,7 +46,7 @@ TEST(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     handles.push_back(*h);
   }
-  const int threads_before = threads_now();
+  const int threads_before = threads_of();
 
   std::vector<LocalMemory> dsts;
   std::vector<Op> reads;
@@ -104,7 +80,7 @@ TEST(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
             std::to_string(2 * kLoops));
   EXPECT_EQ(threads_named("rdmabuf-loop"), kLoops);
   EXPECT_EQ(threads_named("rdmabuf-notices"), kOwners);  // one per owner
-  EXPECT_LE(threads_now() - threads_before, kOwners + kLoops + 1)
+  EXPECT_LE(threads_of() - threads_before, kOwners + kLoops + 1)
       << "the threads grew with the pairs";
 }
 
@@ -130,7 +106,7 @@ TEST(IbverbsManyOwnersTest, AnOwnersThreadsDoNotGrowWithItsReaders) {
     readers.push_back(ibverbs_manager(1));
     ASSERT_NE(readers.back(), nullptr);
   }
-  const int threads_before = threads_now();
+  const int threads_before = threads_of();
   std::vector<LocalMemory> dsts;
   std::vector<Transfer> reads;
   for (int i = 0; i < kReaders; ++i) {
@@ -145,7 +121,7 @@ TEST(IbverbsManyOwnersTest, AnOwnersThreadsDoNotGrowWithItsReaders) {
   EXPECT_EQ(backend_detail(*owner, "ibverbs", "owner-side queue pairs"), std::to_string(kReaders));
   EXPECT_EQ(threads_named("rdmabuf-notices"), 1);
   // Each reader's one I/O thread, and the owner's intake.
-  EXPECT_LE(threads_now() - threads_before, kReaders + 1 + 1)
+  EXPECT_LE(threads_of() - threads_before, kReaders + 1 + 1)
       << "the owner's threads grew with its readers";
 }
 

@@ -13,14 +13,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "backends/tcp/protocol.h"
 #include "common/socket.h"
 #include "tests/helpers/forge.h"
 #include "tests/helpers/raw_tcp.h"
+#include "tests/helpers/threads.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
@@ -82,15 +81,6 @@ class RawPeer {
   RemoteBuffer buffer_;
   uint64_t last_id_ = 0;
 };
-
-int threads_of(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.starts_with("Threads:")) return std::stoi(line.substr(8));
-  }
-  return -1;
-}
 
 // Whether the owner closed `fd` (EOF or reset) within `limit`.
 bool closed_by_owner_within(int fd, std::chrono::milliseconds limit) {
@@ -291,19 +281,6 @@ TEST(ManyPeersTest, MoreBusyConnectionsThanTheLimit) {
   expect_clean_exit(*open);
 }
 
-// A thread's name for each thread of this process.
-std::vector<std::string> thread_names() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    names.push_back(name);
-  }
-  return names;
-}
-
 // An owner manager in this process (tcp) with one buffer of `size` bytes
 // holding `seed`'s pattern; `handle` is not valid when that failed.
 struct OwnedBuffer {
@@ -359,8 +336,7 @@ TEST(ManyPeersTest, AReadersThreadsDoNotGrowWithTheOwnersItReads) {
   ASSERT_TRUE(again.wait().ok()) << again.status().to_string();
   for (int i = 0; i < kOwners; ++i)
     ASSERT_EQ(find_mismatch(dsts[i].span(), 500 + i), std::nullopt) << "owner " << i << ", again";
-  const auto names = thread_names();
-  EXPECT_EQ(std::count(names.begin(), names.end(), "rdmabuf-loop"), kLoops);
+  EXPECT_EQ(threads_named("rdmabuf-loop"), kLoops);
   // The loops, and nothing that grows with the 192 streams.
   EXPECT_LE(threads_of(::getpid()) - threads_before, kLoops + 2)
       << "the reader's threads grew with the owners it reads";

@@ -158,5 +158,48 @@ TEST(EventLoopTest, LoopsTakeNewTasksInTurn) {
   (*loops)->stop();
 }
 
+// drain() returns once what was kicked before it has run, including a
+// slow run under way; on the loop's own thread, and after stop(), at once.
+TEST(EventLoopTest, DrainReturnsOnceWhatWasKickedBeforeHasRun) {
+  auto loop = EventLoop::create(0us);
+  ASSERT_TRUE(loop.ok()) << loop.status().to_string();
+  auto slow = std::make_shared<CountingTask>();
+  slow->body = [](EventLoop&) { std::this_thread::sleep_for(50ms); };
+  auto last = std::make_shared<CountingTask>();
+  bool drained_inside = false;
+  last->body = [&](EventLoop& l) {
+    l.drain();  // its own thread: returns at once
+    drained_inside = true;
+  };
+  (*loop)->kick(slow);
+  (*loop)->kick(last);
+  (*loop)->drain();
+  EXPECT_EQ(slow->runs.load(), 1);
+  EXPECT_EQ(last->runs.load(), 1);
+  EXPECT_TRUE(drained_inside);
+  (*loop)->stop();
+  (*loop)->drain();  // ended: nothing to wait for
+}
+
+// The loops a manager's backends share: started on the first get(), the
+// same set afterwards, and none once stopped.
+TEST(EventLoopTest, SharedLoopsStartOnFirstUseAndEndWhenStopped) {
+  SharedLoops shared(2, 0us);
+  EXPECT_EQ(shared.threads(), 0);
+  shared.drain();  // none yet: nothing to wait for
+  auto first = shared.get();
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  auto again = shared.get();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*first, *again);
+  EXPECT_EQ(shared.threads(), 2);
+  auto task = std::make_shared<CountingTask>();
+  (*first)->next().kick(task);
+  shared.drain();
+  EXPECT_EQ(task->runs.load(), 1);
+  shared.stop();
+  EXPECT_EQ(shared.get().status().code(), StatusCode::kCancelled);
+}
+
 }  // namespace
 }  // namespace rdmabuf
