@@ -47,6 +47,13 @@ struct HandleClaim {
   bool operator==(const HandleClaim&) const = default;
 };
 
+// The owner's answers that stay true for good (ids are never reused): the
+// handle names no buffer of the owner's, or not with this token or size.
+inline bool refuses_claim(StatusCode code) {
+  return code == StatusCode::kNotFound || code == StatusCode::kPermissionDenied ||
+         code == StatusCode::kInvalidArgument;
+}
+
 // Reader side. The connect request presents `claim`: the owner sets up no
 // queue pair for a reader that holds no handle of its.
 Status send_connect(int fd, const std::string& owner_device, const Endpoint& mine,
