@@ -689,13 +689,14 @@ void ManagerImpl::shutdown() {
   std::lock_guard lock(shutdown_mu_);
   if (shut_down_.exchange(true)) return;
   stager_.stop_starting();
-  listener_->stop_accepting();
+  // (No listener: create() failed before it made one.)
+  if (listener_) listener_->stop_accepting();
   for (Slot& slot : slots_) {
     if (slot.backend) slot.backend->shutdown();
   }
   reader_loops_.stop();  // every backend's tasks on them have had their final runs
   stager_.shutdown();    // its pieces have all finished with the backends
-  listener_->join_connections();
+  if (listener_) listener_->join_connections();
   deadlines_.stop();
   notifications_.close();
   for (uint64_t id : registry_.ids())

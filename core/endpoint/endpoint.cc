@@ -114,10 +114,11 @@ void EndpointImpl::close(const Status& why) {
     }
     if (reader.joinable()) reader.join();
     if (lease_keeper.joinable()) lease_keeper.join();
+    // Loans made while no lease keeper ran yet (one starts with the first)
+    // are reclaimed here, before a second close may return: broken, it
+    // releases every loan and returns.
+    keep_leases();
   }
-  // Loans made while no lease keeper ran yet (one starts with the first)
-  // are reclaimed here: broken, it releases every loan and returns.
-  keep_leases();
   cancel_writes();
 }
 

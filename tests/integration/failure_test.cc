@@ -16,6 +16,7 @@
 
 #include "backends/tcp/protocol.h"
 #include "common/crc32c.h"
+#include "common/socket.h"
 #include "tests/helpers/forge.h"
 #include "tests/integration/integration.h"
 
@@ -176,6 +177,22 @@ TEST(FailureTest, OutOfBoundsIsInvalidArgumentBeforeAByteMoves) {
     EXPECT_EQ(peer->check_original(0), "ok");
   }
   expect_clean_exit(*peer);
+}
+
+// A manager that cannot listen (its address is taken) is an error from
+// create(), not a crash: it is torn down before it had a listener.
+TEST(FailureTest, AManagerWhoseAddressIsTakenFailsToCreate) {
+  auto taken = listen_tcp(HostPort{"127.0.0.1", 0}, 4);
+  ASSERT_TRUE(taken.ok()) << taken.status().to_string();
+  auto address = local_address(taken->get());
+  ASSERT_TRUE(address.ok()) << address.status().to_string();
+  Config c;
+  c.backends = {"tcp"};
+  c.listen_address = address->to_string();
+  auto m = Manager::create(c);
+  ASSERT_FALSE(m.ok()) << "two listeners on " << address->to_string();
+  EXPECT_NE(m.status().message().find(std::to_string(address->port)), std::string::npos)
+      << m.status().to_string();
 }
 
 // The same forged "view twice the real size", but large enough that the
