@@ -1,7 +1,10 @@
-// Completion queues shared by the reader's queue pairs: every pair driven
-// on one event loop reports its send completions into that loop's queues,
-// and the loop's thread polls them all and hands each completion to its
-// pair. Neither queues nor polling threads grow with the number of owners.
+// Completion queues shared by many queue pairs (SharedCq, and the room one
+// pair takes on one, CqRoom). The reader's: every pair driven on one event
+// loop reports its send completions into that loop's queues, and the
+// loop's thread polls them all and hands each completion to its pair
+// (LoopCompletions). The owner's pairs share theirs for their receives
+// (notice_intake.h). Neither queues nor polling threads grow with the
+// number of peers.
 #pragma once
 
 #include <atomic>
