@@ -40,16 +40,17 @@ EventLoop::~EventLoop() {
   stop();
 }
 
-void EventLoop::kick(std::shared_ptr<LoopTask> task) {
+bool EventLoop::kick(std::shared_ptr<LoopTask> task) {
   bool wake = false;
   {
     std::lock_guard lock(mu_);
-    if (ended_) return;  // nothing would run it
+    if (ended_) return false;  // nothing would run it
     kicked_.push_back(std::move(task));
     has_kicks_.store(true, std::memory_order_relaxed);
     wake = sleeping_.load(std::memory_order_seq_cst);
   }
   if (wake) signal_eventfd(wake_.get());
+  return true;
 }
 
 void EventLoop::unwatch(int fd) {
@@ -197,17 +198,8 @@ class Barrier final : public LoopTask {
 void EventLoop::drain() {
   if (on_loop_thread()) return;
   auto barrier = std::make_shared<Barrier>();
-  bool wake = false;
-  {
-    std::lock_guard lock(mu_);
-    if (ended_) return;
-    // Before the loop ends it runs every kicked task once more: this too.
-    kicked_.push_back(barrier);
-    has_kicks_.store(true, std::memory_order_relaxed);
-    wake = sleeping_.load(std::memory_order_seq_cst);
-  }
-  if (wake) signal_eventfd(wake_.get());
-  barrier->wait();
+  // Before the loop ends it runs every kicked task once more: this too.
+  if (kick(barrier)) barrier->wait();
 }
 
 void EventLoop::stop() {

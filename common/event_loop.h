@@ -47,8 +47,9 @@ class EventLoop {
   EventLoop& operator=(const EventLoop&) = delete;
 
   // Any thread: runs the task's on_run soon, on the loop's thread. After
-  // stop(), runs it once more as the loop ends, then never again.
-  void kick(std::shared_ptr<LoopTask> task);
+  // stop(), runs it once more as the loop ends; false, and never runs it,
+  // once the loop has ended.
+  bool kick(std::shared_ptr<LoopTask> task);
 
   // The loop's thread only (from on_run). Watches `fd` for `events`
   // (EPOLLIN, EPOLLOUT; level-triggered) on behalf of `task`. Fails only

@@ -14,9 +14,7 @@ namespace {
 // The most entries one shared queue has, whatever the device allows beyond.
 constexpr int kMaxCqe = 65536;
 // Pairs the first queue of a loop has room for.
-constexpr int kFirstPairs = 4;
-// Completions taken per ibv_poll_cq.
-constexpr int kPollBatch = 32;
+constexpr uint32_t kFirstPairs = 4;
 // The longest the loop polls in one run while it spins, before it looks
 // at its other tasks' descriptors.
 constexpr auto kSpinSlice = std::chrono::microseconds(50);
@@ -54,8 +52,8 @@ Result<std::shared_ptr<SharedCq>> SharedCq::create(std::shared_ptr<CompletionCha
 }
 
 SharedCq::~SharedCq() {
-  // Every event got from the channel was acknowledged at once (rearm()),
-  // so this does not wait.
+  // Every event got from the channel was acknowledged at once
+  // (SharedCqs::take_events()), so this does not wait.
   channel_->device().lib().destroy_cq(cq_);
 }
 
@@ -68,48 +66,63 @@ bool SharedCq::reserve() {
   return false;
 }
 
+Result<SharedCqs> SharedCqs::create(std::shared_ptr<const Device> device, uint32_t owed,
+                                    uint32_t first_pairs) {
+  const int cqe = std::min(device->attr().max_cqe, kMaxCqe);
+  // What a pair may owe, plus one (the queue's own spare, as queue_pair.cc
+  // sizes private queues), twice over.
+  const int per_pair = 2 * (static_cast<int>(owed) + 1);
+  if (cqe < per_pair) {
+    return ResourceExhausted("the device's completion queues hold " + std::to_string(cqe) +
+                             " entries, fewer than one queue pair's " + std::to_string(per_pair));
+  }
+  RDMABUF_ASSIGN_OR_RETURN(auto channel, CompletionChannel::create(std::move(device)));
+  return SharedCqs(std::move(channel), per_pair, cqe / per_pair, static_cast<int>(first_pairs));
+}
+
+Result<CqRoom> SharedCqs::reserve() {
+  for (const auto& queue : queues_) {
+    if (queue->reserve()) return CqRoom(queue);
+  }
+  const int pairs = std::min(most_pairs_, first_pairs_ << std::min<size_t>(queues_.size(), 20));
+  RDMABUF_ASSIGN_OR_RETURN(
+      auto queue, SharedCq::create(channel_, pairs * per_pair_, static_cast<uint32_t>(pairs)));
+  queues_.push_back(queue);
+  if (!queue->reserve()) return Internal("a new completion queue has no room");
+  return CqRoom(std::move(queue));
+}
+
+void SharedCqs::arm() {
+  for (const auto& queue : queues_) {
+    if (queue->failed()) continue;
+    if (ibv_req_notify_cq(queue->cq(), 0) != 0) {
+      RDMABUF_LOG_ERROR("ibverbs: cannot arm a shared completion queue's events");
+    }
+  }
+}
+
+void SharedCqs::fail(SharedCq& queue) {
+  RDMABUF_LOG_ERROR("ibverbs: ibv_poll_cq failed on a shared completion queue");
+  queue.fail();
+}
+
 Result<std::shared_ptr<LoopCompletions>> LoopCompletions::create(
     std::shared_ptr<const Device> device, EventLoop& loop, uint32_t pair_depth,
     std::chrono::microseconds busy_poll) {
-  const int cqe = std::min(device->attr().max_cqe, kMaxCqe);
-  // A pair owes at most its depth of completions, plus one: the queue's
-  // own spare (queue_pair.cc sizes private queues the same way).
-  const int per_pair = static_cast<int>(pair_depth) + 1;
-  if (cqe < 2 * per_pair) {
-    return ResourceExhausted("the device's completion queues hold " + std::to_string(cqe) +
-                             " entries, fewer than one queue pair's " +
-                             std::to_string(2 * per_pair));
-  }
-  RDMABUF_ASSIGN_OR_RETURN(auto channel, CompletionChannel::create(std::move(device)));
+  // A pair owes at most its depth of completions.
+  RDMABUF_ASSIGN_OR_RETURN(auto cqs, SharedCqs::create(std::move(device), pair_depth, kFirstPairs));
   std::shared_ptr<LoopCompletions> completions(
-      new LoopCompletions(loop, std::move(channel), per_pair, cqe, busy_poll));
+      new LoopCompletions(loop, std::move(cqs), busy_poll));
   completions->scheduled_ = true;  // its first run watches the channel
   loop.kick(completions);
   return completions;
 }
 
-LoopCompletions::LoopCompletions(EventLoop& loop, std::shared_ptr<CompletionChannel> channel,
-                                 int per_pair, int most_cqe, std::chrono::microseconds busy_poll)
-    : loop_(loop),
-      channel_(std::move(channel)),
-      per_pair_(per_pair),
-      most_cqe_(most_cqe),
-      busy_poll_(busy_poll) {}
-
-LoopCompletions::~LoopCompletions() = default;
-
 Result<CqRoom> LoopCompletions::reserve() {
-  for (const auto& queue : queues_) {
-    if (queue->reserve()) return CqRoom(queue);
-  }
-  const int most_pairs = most_cqe_ / (2 * per_pair_);
-  const int pairs = std::min(most_pairs, kFirstPairs << std::min<size_t>(queues_.size(), 20));
-  RDMABUF_ASSIGN_OR_RETURN(
-      auto queue, SharedCq::create(channel_, 2 * pairs * per_pair_, static_cast<uint32_t>(pairs)));
-  queues_.push_back(queue);
-  queue_count_.fetch_add(1, std::memory_order_relaxed);
-  if (!queue->reserve()) return Internal("a new completion queue has no room");
-  return CqRoom(std::move(queue));
+  const size_t made = cqs_.size();
+  RDMABUF_ASSIGN_OR_RETURN(CqRoom room, cqs_.reserve());
+  if (cqs_.size() != made) queue_count_.fetch_add(1, std::memory_order_relaxed);
+  return room;
 }
 
 void LoopCompletions::attach(uint32_t qp_num, CompletionSink* sink) {
@@ -121,34 +134,21 @@ void LoopCompletions::detach(uint32_t qp_num) {
 }
 
 int LoopCompletions::poll_queues(const CompletionSink* self) {
-  int taken = 0;
-  ibv_wc wc[kPollBatch];
-  for (const auto& queue : queues_) {
-    int n;
-    do {
-      if (queue->failed()) break;
-      n = ibv_poll_cq(queue->cq(), kPollBatch, wc);
-      if (n < 0) {
-        // The queue overran or the device failed: its pairs get no more
-        // completions, so each resets (without a drain) and goes again on
-        // a pair on another queue.
-        RDMABUF_LOG_ERROR("ibverbs: ibv_poll_cq failed on a shared completion queue");
-        queue->fail();
-        for (const auto& [qp_num, sink] : sinks_)
-          sink->queue_failed(queue->cq());
-        break;
-      }
-      for (int i = 0; i < n; ++i) {
-        auto it = sinks_.find(wc[i].qp_num);
-        if (it == sinks_.end()) continue;  // a pair destroyed without draining
+  const int taken = cqs_.poll(
+      [&](const ibv_wc& wc) {
+        auto it = sinks_.find(wc.qp_num);
+        if (it == sinks_.end()) return;  // a pair destroyed without draining
         CompletionSink* sink = it->second;
-        sink->take_completion(wc[i]);
+        sink->take_completion(wc);
         if (sink != self && std::find(woken_.begin(), woken_.end(), sink) == woken_.end())
           woken_.push_back(sink);
-      }
-      taken += std::max(n, 0);
-    } while (n == kPollBatch);
-  }
+      },
+      [&](ibv_cq* failed) {
+        // Its pairs get no more completions, so each resets (without a
+        // drain) and goes again on a pair on another queue.
+        for (const auto& [qp_num, sink] : sinks_)
+          sink->queue_failed(failed);
+      });
   if (taken > 0) last_completion_ = Clock::now();
   return taken;
 }
@@ -170,36 +170,18 @@ void LoopCompletions::expect() {
   kick_once(loop_);
 }
 
-void LoopCompletions::take_events() {
-  ibv_cq* cq = nullptr;
-  void* context = nullptr;
-  const IbvLib& lib = channel_->device().lib();
-  while (lib.get_cq_event(channel_->get(), &cq, &context) == 0)  // EAGAIN ends it
-    lib.ack_cq_events(cq, 1);
-}
-
-void LoopCompletions::rearm() {
-  take_events();
-  for (const auto& queue : queues_) {
-    if (queue->failed()) continue;
-    if (ibv_req_notify_cq(queue->cq(), 0) != 0) {
-      RDMABUF_LOG_ERROR("ibverbs: cannot arm a shared completion queue's events");
-    }
-  }
-}
-
 void LoopCompletions::on_run(EventLoop& loop) {
   // Run for the channel's descriptor, a queued kick stays queued.
-  if (loop.ready_fd() != channel_->get()->fd) scheduled_ = false;
+  if (loop.ready_fd() != cqs_.fd()) scheduled_ = false;
   if (!watching_) {
-    Status watched = loop.watch(shared_from_this(), channel_->get()->fd, EPOLLIN);
+    Status watched = loop.watch(shared_from_this(), cqs_.fd(), EPOLLIN);
     if (!watched.ok()) RDMABUF_LOG_ERROR("ibverbs: " + watched.message());
     watching_ = watched.ok();
   }
   // The events are taken at every run, so that the descriptor does not stay
   // readable (and run this again) while the loop spins; the queues are
   // armed again only before it sleeps.
-  take_events();
+  cqs_.take_events();
   // Busy: polled in a tight loop for a slice (yielding the CPU between
   // polls), until completions come or other tasks are kicked; the pairs
   // whose completions came run at once (this is the loop's thread, and no
@@ -220,7 +202,8 @@ void LoopCompletions::on_run(EventLoop& loop) {
   }
   // Quiet: armed before sleeping, then polled once more for what came
   // between the last poll and the arming (it raises no event).
-  rearm();
+  cqs_.take_events();
+  cqs_.arm();
   if (poll_queues(nullptr) > 0) {
     wake_sinks(/*run_now=*/true);
     kick_once(loop);

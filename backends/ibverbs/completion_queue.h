@@ -94,6 +94,75 @@ class CqRoom {
   std::shared_ptr<SharedCq> cq_;
 };
 
+// Shared completion queues on one channel, made as pairs need room: the
+// first for `first_pairs` pairs, each further one for twice as many as the
+// last, up to the device's limit on entries; each with room for twice what
+// its pairs may owe at once (see SharedCq). So few pairs pin little memory,
+// and many are polled in few queues. Not thread-safe: its owner's thread
+// or lock (fd() and device() excepted: they never change).
+class SharedCqs {
+ public:
+  // For pairs that may each owe `owed` completions at once.
+  static Result<SharedCqs> create(std::shared_ptr<const Device> device, uint32_t owed,
+                                  uint32_t first_pairs);
+
+  // The channel's descriptor: readable once an armed queue has a completion.
+  int fd() const { return channel_->get()->fd; }
+  const Device& device() const { return channel_->device(); }
+  // Queues made so far.
+  size_t size() const { return queues_.size(); }
+  // Room for one pair, on a new queue when every one is full or failed.
+  Result<CqRoom> reserve();
+  // Takes the channel's events, acknowledging each at once.
+  void take_events() { device().lib().take_cq_events(channel_->get()); }
+  // Arms every queue for its next completion (after take_events()).
+  void arm();
+  // Polls every queue until it is empty, handing each completion to
+  // `take`. A queue whose poll fails (it overran, or the device failed) is
+  // marked failed, and never polled again, and `failed` is told its
+  // queue. How many completions were taken.
+  template <typename Take, typename Failed>
+  int poll(Take&& take, Failed&& failed);
+
+ private:
+  static constexpr int kPollBatch = 32;  // completions per ibv_poll_cq
+  SharedCqs(std::shared_ptr<CompletionChannel> channel, int per_pair, int most_pairs,
+            int first_pairs)
+      : channel_(std::move(channel)),
+        per_pair_(per_pair),
+        most_pairs_(most_pairs),
+        first_pairs_(first_pairs) {}
+  void fail(SharedCq& queue);
+
+  std::shared_ptr<CompletionChannel> channel_;
+  int per_pair_;    // entries a pair takes in a queue
+  int most_pairs_;  // on one queue, as the device allows
+  int first_pairs_;
+  std::vector<std::shared_ptr<SharedCq>> queues_;
+};
+
+template <typename Take, typename Failed>
+int SharedCqs::poll(Take&& take, Failed&& failed) {
+  int taken = 0;
+  ibv_wc wc[kPollBatch];
+  for (const auto& queue : queues_) {
+    int n = 0;
+    do {
+      if (queue->failed()) break;
+      n = ibv_poll_cq(queue->cq(), kPollBatch, wc);
+      if (n < 0) {
+        fail(*queue);
+        failed(queue->cq());
+        break;
+      }
+      for (int i = 0; i < n; ++i)
+        take(wc[i]);
+      taken += n;
+    } while (n == kPollBatch);
+  }
+  return taken;
+}
+
 // Where a work request's id keeps its pair's generation
 // (LoopCompletions::new_generation); the bits below count its requests.
 constexpr int kGenerationShift = 40;
@@ -124,11 +193,10 @@ class LoopCompletions final : public LoopTask,
                               public std::enable_shared_from_this<LoopCompletions> {
  public:
   // `pair_depth`: the work requests each pair holds (their completions
-  // must fit); queues of up to kMaxCqe entries each.
+  // must fit).
   static Result<std::shared_ptr<LoopCompletions>> create(std::shared_ptr<const Device> device,
                                                          EventLoop& loop, uint32_t pair_depth,
                                                          std::chrono::microseconds busy_poll);
-  ~LoopCompletions() override;
 
   // The loop's thread only (as every call below). Room for one pair on a
   // queue of this loop's, making a new queue when every one is full.
@@ -162,30 +230,23 @@ class LoopCompletions final : public LoopTask,
   void on_run(EventLoop& loop) override;
 
  private:
-  LoopCompletions(EventLoop& loop, std::shared_ptr<CompletionChannel> channel, int per_pair,
-                  int most_cqe, std::chrono::microseconds busy_poll);
+  LoopCompletions(EventLoop& loop, SharedCqs cqs, std::chrono::microseconds busy_poll)
+      : loop_(loop), busy_poll_(busy_poll), cqs_(std::move(cqs)) {}
   // Takes the completions of every queue to their sinks, noting in woken_
   // those other than `self` that got any.
   int poll_queues(const CompletionSink* self);
   // Runs (or kicks, to run later) the sinks in woken_.
   void wake_sinks(bool run_now);
-  // Takes the channel's events, acknowledging each at once.
-  void take_events();
-  // take_events(), and arms every queue for the next completion.
-  void rearm();
   // Kicks this task unless a kick of it is queued.
   void kick_once(EventLoop& loop);
 
   EventLoop& loop_;
-  const std::shared_ptr<CompletionChannel> channel_;
-  const int per_pair_;  // entries a pair may owe at once
-  const int most_cqe_;  // the most entries one queue has
   const std::chrono::microseconds busy_poll_;
   std::atomic<int> queue_count_{0};
   std::atomic<int> pair_count_{0};
 
   // The loop's thread's own state.
-  std::vector<std::shared_ptr<SharedCq>> queues_;
+  SharedCqs cqs_;
   bool watching_ = false;   // the channel's descriptor is watched
   bool scheduled_ = false;  // a kick of this task is queued
   Clock::time_point last_completion_{};

@@ -55,17 +55,20 @@ Connection::~Connection() {
   // Only once the loop is done with it (it holds a reference while it may
   // run it, and while it watches the control connection): nothing polls
   // for the pair any more, if one is left.
+  join_handshaker();
+}
+
+void Connection::join_handshaker() {
   std::thread handshaker;
   {
     std::lock_guard lock(handshaker_mu_);
     handshaker.swap(handshaker_);
   }
-  if (handshaker.joinable()) {
-    if (handshaker.get_id() == std::this_thread::get_id()) {
-      handshaker.detach();  // its last reference was the handshake's own
-    } else {
-      handshaker.join();
-    }
+  if (!handshaker.joinable()) return;
+  if (handshaker.get_id() == std::this_thread::get_id()) {
+    handshaker.detach();  // the last reference was the handshake's own
+  } else {
+    handshaker.join();
   }
 }
 
@@ -79,12 +82,7 @@ void Connection::enqueue(std::vector<Chunk>& chunks) {
 void Connection::stop() {
   for (Chunk& c : inbox_.stop(loop_, this))
     complete(c, Cancelled("the manager is shutting down"));
-  std::thread handshaker;
-  {
-    std::lock_guard lock(handshaker_mu_);
-    handshaker.swap(handshaker_);
-  }
-  if (handshaker.joinable()) handshaker.join();  // the backend's stop signal ends it
+  join_handshaker();  // the backend's stop signal ends it
 }
 
 bool Connection::idle() {
@@ -154,8 +152,9 @@ void Connection::on_run(EventLoop& loop) {
   }
   if (handshake_ && !finish_handshake()) return;  // it kicks the loop when done
   // Answers, or the owner closing the connection: the loop runs this for
-  // the descriptor turning readable.
-  if (qp_ && (loop.ready_fd() == control_.get() || !asked_.empty())) read_answers();
+  // the descriptor turning readable. (step() reads too while questions
+  // are out.)
+  if (qp_ && loop.ready_fd() == control_.get()) read_answers();
   for (int round = 0;; ++round) {
     if (!qp_) {
       if (!pending_.empty() && !handshake_) begin_handshake();

@@ -200,6 +200,9 @@ class Connection final : public LoopTask,
                           EventLoop* loop);
   // Takes the handshake's outcome once it is done; false while under way.
   bool finish_handshake();
+  // Joins the handshake's thread, if there is one (detaches it when called
+  // on it).
+  void join_handshaker();
   bool post();
   bool poll();
   bool cancel_if_needed();

@@ -94,12 +94,7 @@ bool Connection::finish_handshake() {
     std::lock_guard lock(handshake_->mu);
     if (!handshake_->done) return false;
   }
-  std::thread handshaker;
-  {
-    std::lock_guard lock(handshaker_mu_);
-    handshaker.swap(handshaker_);
-  }
-  if (handshaker.joinable()) handshaker.join();  // it has nothing left to do
+  join_handshaker();  // it has nothing left to do
   std::shared_ptr<Handshake> done = std::move(handshake_);
   const std::string where = context_.owner_address.to_string();
   Status st = done->status;

@@ -58,4 +58,15 @@ Result<const IbvLib*> IbvLib::get() {
   return loaded;
 }
 
+int IbvLib::take_cq_events(ibv_comp_channel* channel) const {
+  int taken = 0;
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  while (get_cq_event(channel, &cq, &context) == 0) {  // EAGAIN ends it
+    ack_cq_events(cq, 1);
+    ++taken;
+  }
+  return taken;
+}
+
 }  // namespace rdmabuf::ibverbs

@@ -41,6 +41,11 @@ struct IbvLib {
 
   // The library, loaded once per process; or why it cannot be.
   static Result<const IbvLib*> get();
+
+  // Takes every event `channel` holds (its descriptor must not block),
+  // acknowledging each at once: a completion queue is destroyed only once
+  // each event got from it was. How many it took.
+  int take_cq_events(ibv_comp_channel* channel) const;
 };
 
 }  // namespace rdmabuf::ibverbs

@@ -44,13 +44,7 @@ class IbverbsBackend final : public Backend {
         gpu_registrations_(*device_, device_->has_windows()),
         registrations_(*device_, &gpu_registrations_),
         stop_fd_(std::move(stop_fd)),
-        access_(*device_, &gpu_registrations_) {
-    if (!env_.loops) {  // no manager's to share
-      own_loops_ = std::make_unique<SharedLoops>(io_threads_for(env_.config.io_threads),
-                                                 env_.config.busy_poll);
-      env_.loops = own_loops_.get();
-    }
-  }
+        access_(*device_, &gpu_registrations_) {}
   ~IbverbsBackend() override { shutdown(); }
 
   std::string_view name() const override { return "ibverbs"; }
@@ -369,8 +363,6 @@ class IbverbsBackend final : public Backend {
   // Guarded by connections_mu_.
   std::map<ConnectionKey, std::shared_ptr<Connection>> connections_;
   std::map<EventLoop*, std::shared_ptr<LoopCompletions>> completions_;  // one per loop
-  // The queue pairs' threads, where no manager shares its own (env_.loops).
-  std::unique_ptr<SharedLoops> own_loops_;
 };
 
 }  // namespace

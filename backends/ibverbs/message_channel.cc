@@ -229,16 +229,7 @@ class VerbsChannel final : public MessageChannel {
 
   int wakeup_fd() const override { return events_->fd; }
 
-  bool take_wakeups() override {
-    bool took = false;
-    ibv_cq* cq = nullptr;
-    void* context = nullptr;
-    while (lib_.get_cq_event(events_, &cq, &context) == 0) {  // non-blocking: EAGAIN ends it
-      lib_.ack_cq_events(cq, 1);
-      took = true;
-    }
-    return took;
-  }
+  bool take_wakeups() override { return lib_.take_cq_events(events_) > 0; }
 
  private:
   // The send slots, then the receive slots, then the word a credit read

@@ -16,13 +16,7 @@ namespace {
 static_assert(kNoticeSlot >= kNoticeBytes);
 // How often notices the sink had no room for are offered again.
 constexpr int kOfferAgainMs = 5;
-// The most entries one shared queue has, whatever the device allows beyond.
-constexpr int kMaxCqe = 65536;
-// Entries of a shared queue per pair: twice what a pair may owe at once
-// (its receives, and a spare), since a provider may leave a destroyed
-// pair's completions in the queue while its room goes to the next pair.
-constexpr uint32_t kEntriesPerPair = 2 * (kNoticeReceives + 1);
-// Pairs the first queue has room for.
+// Pairs the first shared queue has room for.
 constexpr uint32_t kFirstPairs = 16;
 // A receive's work request id: the receiver's generation above, its slot below.
 constexpr int kSlotBits = 32;
@@ -53,27 +47,18 @@ struct NoticeIntake::Receiver {
 Result<std::shared_ptr<NoticeIntake>> NoticeIntake::create(std::shared_ptr<const Device> device,
                                                            NoticeSink* sink,
                                                            ResponderCounts* counts) {
-  const int cqe = std::min(device->attr().max_cqe, kMaxCqe);
-  const int per_pair = static_cast<int>(kEntriesPerPair);
-  if (cqe < per_pair) {
-    return ResourceExhausted("the device's completion queues hold " + std::to_string(cqe) +
-                             " entries, fewer than one queue pair's " + std::to_string(per_pair));
-  }
-  RDMABUF_ASSIGN_OR_RETURN(auto channel, CompletionChannel::create(std::move(device)));
+  // A pair owes at most a completion per receive.
+  RDMABUF_ASSIGN_OR_RETURN(auto cqs,
+                           SharedCqs::create(std::move(device), kNoticeReceives, kFirstPairs));
   RDMABUF_ASSIGN_OR_RETURN(Fd stop, make_eventfd());
-  std::shared_ptr<NoticeIntake> intake(new NoticeIntake(
-      std::move(channel), std::move(stop), static_cast<uint32_t>(cqe / per_pair), sink, counts));
+  std::shared_ptr<NoticeIntake> intake(
+      new NoticeIntake(std::move(cqs), std::move(stop), sink, counts));
   intake->thread_ = std::thread([raw = intake.get()] { raw->run(); });
   return intake;
 }
 
-NoticeIntake::NoticeIntake(std::shared_ptr<CompletionChannel> channel, Fd stop, uint32_t most_pairs,
-                           NoticeSink* sink, ResponderCounts* counts)
-    : channel_(std::move(channel)),
-      stop_(std::move(stop)),
-      most_pairs_(most_pairs),
-      sink_(sink),
-      counts_(counts) {}
+NoticeIntake::NoticeIntake(SharedCqs cqs, Fd stop, NoticeSink* sink, ResponderCounts* counts)
+    : stop_(std::move(stop)), sink_(sink), counts_(counts), cqs_(std::move(cqs)) {}
 
 NoticeIntake::~NoticeIntake() {
   stop();
@@ -95,18 +80,7 @@ void NoticeIntake::stop() {
 
 Result<CqRoom> NoticeIntake::reserve() {
   std::lock_guard lock(mu_);
-  for (const auto& queue : queues_) {
-    if (queue->reserve()) return CqRoom(queue);
-  }
-  // The first queue for a few pairs, each further one for twice as many
-  // as the last, up to the device's limit.
-  const auto pairs =
-      std::min<uint32_t>(most_pairs_, kFirstPairs << std::min<size_t>(queues_.size(), 20));
-  RDMABUF_ASSIGN_OR_RETURN(
-      auto queue, SharedCq::create(channel_, static_cast<int>(pairs * kEntriesPerPair), pairs));
-  queues_.push_back(queue);
-  if (!queue->reserve()) return Internal("a new completion queue has no room");
-  return CqRoom(std::move(queue));
+  return cqs_.reserve();
 }
 
 Status NoticeIntake::add(QueuePair& qp, uint64_t reader_id) {
@@ -115,8 +89,8 @@ Status NoticeIntake::add(QueuePair& qp, uint64_t reader_id) {
   r->reader_id = reader_id;
   const size_t bytes = size_t{kNoticeReceives} * kNoticeSlot;
   r->slots = std::make_unique<uint8_t[]>(bytes);
-  RDMABUF_ASSIGN_OR_RETURN(r->slots_mr, register_range(channel_->device(), r->slots.get(), bytes,
-                                                       IBV_ACCESS_LOCAL_WRITE));
+  RDMABUF_ASSIGN_OR_RETURN(
+      r->slots_mr, register_range(cqs_.device(), r->slots.get(), bytes, IBV_ACCESS_LOCAL_WRITE));
   std::lock_guard lock(mu_);
   std::lock_guard receiver(r->mu);
   r->generation = ++generations_;
@@ -145,7 +119,7 @@ void NoticeIntake::run() {
   pthread_setname_np(pthread_self(), "rdmabuf-notices");
   bool held = false;
   for (;;) {
-    pollfd fds[2] = {{channel_->get()->fd, POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+    pollfd fds[2] = {{cqs_.fd(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
     const int rc = ::poll(fds, 2, held ? kOfferAgainMs : -1);
     if (rc < 0 && errno != EINTR) {
       RDMABUF_LOG_ERROR("ibverbs: notice intake: poll: " + errno_text(errno));
@@ -169,31 +143,17 @@ void NoticeIntake::run() {
 std::vector<std::shared_ptr<NoticeIntake::Receiver>> NoticeIntake::take_locked() {
   // Events acknowledged, every queue armed again, then polled empty: a
   // completion after the arming raises the next event.
-  const IbvLib& lib = channel_->device().lib();
-  ibv_cq* cq = nullptr;
-  void* context = nullptr;
-  while (lib.get_cq_event(channel_->get(), &cq, &context) == 0)  // EAGAIN ends it
-    lib.ack_cq_events(cq, 1);
-  ibv_wc wc[16];
-  for (const auto& queue : queues_) {
-    if (ibv_req_notify_cq(queue->cq(), 0) != 0) {
-      RDMABUF_LOG_ERROR("ibverbs: cannot arm the notices' completion queue");
-    }
-    int n;
-    do {
-      n = ibv_poll_cq(queue->cq(), 16, wc);
-      if (n < 0) {
-        RDMABUF_LOG_ERROR("ibverbs: ibv_poll_cq failed on the notices' completion queue");
-        break;
-      }
-      for (int i = 0; i < n; ++i) {
-        auto it = receivers_.find(wc[i].qp_num);
-        if (it == receivers_.end()) continue;  // its pair is gone
+  cqs_.take_events();
+  cqs_.arm();
+  cqs_.poll(
+      [&](const ibv_wc& wc) {
+        auto it = receivers_.find(wc.qp_num);
+        if (it == receivers_.end()) return;    // its pair is gone
         std::lock_guard lock(it->second->mu);  // it may post again
-        take_completion_locked(*it->second, wc[i]);
-      }
-    } while (n == 16);
-  }
+        take_completion_locked(*it->second, wc);
+      },
+      // Its pairs take no more notices; the next ones go on another queue.
+      [](ibv_cq*) {});
   std::vector<std::shared_ptr<Receiver>> holding;
   for (auto& [qp_num, r] : receivers_) {
     if (!r->held.empty()) holding.push_back(r);
@@ -207,7 +167,7 @@ void NoticeIntake::take_completion_locked(Receiver& r, const ibv_wc& wc) {
   // The first error fails the intake (an access the reader was refused
   // fails both sides of the pair); the rest are flushes.
   if (wc.status != IBV_WC_SUCCESS) {
-    return fail_locked(r, channel_->device().lib().wc_status_str(wc.status));
+    return fail_locked(r, cqs_.device().lib().wc_status_str(wc.status));
   }
   const auto slot = static_cast<uint32_t>(wc.wr_id & 0xffffffff);
   if (slot >= kNoticeReceives) return fail_locked(r, "a receive of no slot completed");

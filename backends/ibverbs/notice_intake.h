@@ -74,8 +74,7 @@ class NoticeIntake {
 
  private:
   struct Receiver;
-  NoticeIntake(std::shared_ptr<CompletionChannel> channel, Fd stop, uint32_t most_pairs,
-               NoticeSink* sink, ResponderCounts* counts);
+  NoticeIntake(SharedCqs cqs, Fd stop, NoticeSink* sink, ResponderCounts* counts);
   void run();
   // With mu_ held: takes the completions that came; the receivers that
   // hold notices now.
@@ -89,9 +88,7 @@ class NoticeIntake {
   void offer_held(Receiver& r);
   void refuse(Receiver& r, const Status& why);
 
-  const std::shared_ptr<CompletionChannel> channel_;
-  const Fd stop_;              // eventfd
-  const uint32_t most_pairs_;  // on one queue, as the device allows
+  const Fd stop_;  // eventfd
   NoticeSink* const sink_;
   ResponderCounts* const counts_;
   std::thread thread_;
@@ -99,7 +96,7 @@ class NoticeIntake {
   // Guards what follows; the thread holds it while it polls (not while
   // the sink runs).
   std::mutex mu_;
-  std::vector<std::shared_ptr<SharedCq>> queues_;
+  SharedCqs cqs_;  // (its fd() and device() need no lock)
   std::unordered_map<uint32_t, std::shared_ptr<Receiver>> receivers_;  // by qp_num
   uint64_t generations_ = 0;  // the receivers' (Receiver::generation)
   bool stopped_ = false;

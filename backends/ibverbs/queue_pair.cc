@@ -111,10 +111,7 @@ QueuePair::~QueuePair() {
     // Destroying a completion queue waits until each of its events was
     // acknowledged: take those nobody took (the channel does not block; the
     // queue pair is gone, so no more come).
-    ibv_cq* cq = nullptr;
-    void* context = nullptr;
-    while (lib.get_cq_event(recv_cq_->channel, &cq, &context) == 0)
-      lib.ack_cq_events(cq, 1);
+    lib.take_cq_events(recv_cq_->channel);
   }
   if (recv_cq_ && !shared_recv) lib.destroy_cq(recv_cq_);
   if (cq_ && cq_ != shared_.cq()) lib.destroy_cq(cq_);

@@ -22,13 +22,7 @@ constexpr size_t kPrunePeersAt = 64;
 
 class TcpBackend final : public Backend {
  public:
-  TcpBackend(const BackendEnv& env, Fd stop_fd) : env_(env), stop_fd_(std::move(stop_fd)) {
-    if (!env_.loops) {  // no manager's to share
-      own_loops_ = std::make_unique<SharedLoops>(io_threads_for(env_.config.io_threads),
-                                                 env_.config.busy_poll);
-      env_.loops = own_loops_.get();
-    }
-  }
+  TcpBackend(const BackendEnv& env, Fd stop_fd) : env_(env), stop_fd_(std::move(stop_fd)) {}
   ~TcpBackend() override { shutdown(); }
 
   std::string_view name() const override { return "tcp"; }
@@ -147,8 +141,6 @@ class TcpBackend final : public Backend {
   std::mutex peers_mu_;
   using PeerKey = std::pair<uint64_t, std::string>;
   std::map<PeerKey, std::shared_ptr<Peer>> peers_;  // guarded by peers_mu_
-  // The streams' threads, where no manager shares its own (env_.loops).
-  std::unique_ptr<SharedLoops> own_loops_;
 };
 
 }  // namespace

@@ -334,7 +334,7 @@ struct BackendEnv {
   // outlives the backend.
   NoticeSink* notices = nullptr;
   // The event loops of the manager's outbound connections, shared by its
-  // backends (null: a backend makes its own); outlives the backend.
+  // backends; never null, and outlives the backend.
   SharedLoops* loops = nullptr;
 };
 

@@ -20,6 +20,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/event_loop.h"
 #include "core/backend_table.h"
 #include "tests/helpers/raw_endpoint.h"
 #include "tests/integration/integration.h"
@@ -40,6 +41,7 @@ class IbverbsChannelTest : public ::testing::Test {
     }
     if (factory == nullptr) GTEST_SKIP() << "ibverbs is not viable here: it was not built";
     env_.config.backends = {"ibverbs"};
+    env_.loops = &loops_;
     auto backend = factory->create(env_);
     if (!backend.ok()) {
       GTEST_SKIP() << "ibverbs is not viable here: " << backend.status().message();
@@ -149,6 +151,7 @@ class IbverbsChannelTest : public ::testing::Test {
     return out;
   }
 
+  SharedLoops loops_{1, std::chrono::microseconds(0)};  // outlives backend_
   BackendEnv env_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<MessageChannel> a_, b_;
