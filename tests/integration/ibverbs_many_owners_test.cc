@@ -6,10 +6,13 @@
 
 #include "tests/helpers/backend_detail.h"
 #include "tests/helpers/threads.h"
+#include "tests/integration/ibverbs_pair.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
 namespace {
+
+using IbverbsManyOwnersTest = IbverbsOnlyTest;
 
 std::unique_ptr<Manager> ibverbs_manager(int io_threads = 0) {
   return make_manager([&](Config& c) {
@@ -24,17 +27,12 @@ std::unique_ptr<Manager> ibverbs_manager(int io_threads = 0) {
 // its I/O threads and takes notices on one thread of its own. So the
 // process grows by the reader's threads and one per owner, and nothing per
 // pair: before, each pair had a thread on either side.
-TEST(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
+TEST_F(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
   constexpr int kOwners = 16;
   constexpr int kLoops = 2;
   constexpr uint64_t kSize = 64 << 10;
   auto reader = ibverbs_manager(kLoops);
   ASSERT_NE(reader, nullptr);
-  for (const BackendInfo& info : reader->backends()) {
-    if (info.name == "ibverbs" && !info.viable) {
-      GTEST_SKIP() << "ibverbs is not viable here: " << info.reason;
-    }
-  }
   std::vector<std::unique_ptr<Manager>> owners;
   std::vector<LocalMemory> theirs;
   std::vector<RemoteBuffer> handles;
@@ -88,16 +86,11 @@ TEST(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
 // on its I/O threads, and their receives share completion queues and one
 // thread that takes the notices, so the owner adds one thread, not one per
 // reader.
-TEST(IbverbsManyOwnersTest, AnOwnersThreadsDoNotGrowWithItsReaders) {
+TEST_F(IbverbsManyOwnersTest, AnOwnersThreadsDoNotGrowWithItsReaders) {
   constexpr int kReaders = 8;
   constexpr uint64_t kSize = 64 << 10;
   auto owner = ibverbs_manager(1);
   ASSERT_NE(owner, nullptr);
-  for (const BackendInfo& info : owner->backends()) {
-    if (info.name == "ibverbs" && !info.viable) {
-      GTEST_SKIP() << "ibverbs is not viable here: " << info.reason;
-    }
-  }
   LocalMemory theirs = with_pattern(kSize * kReaders, 950);
   auto handle = owner->register_buffer(theirs);
   ASSERT_TRUE(handle.ok()) << handle.status().to_string();
@@ -128,15 +121,10 @@ TEST(IbverbsManyOwnersTest, AnOwnersThreadsDoNotGrowWithItsReaders) {
 // A pair whose owner went away fails only its own ops: the other pairs on
 // the same thread and completion queue carry on, and the reader reaches a
 // new owner afterwards.
-TEST(IbverbsManyOwnersTest, AnOwnerGoneFailsOnlyItsOwnPairsOps) {
+TEST_F(IbverbsManyOwnersTest, AnOwnerGoneFailsOnlyItsOwnPairsOps) {
   constexpr uint64_t kSize = 64 << 10;
   auto reader = ibverbs_manager(1);  // one thread, one queue: every pair shares them
   ASSERT_NE(reader, nullptr);
-  for (const BackendInfo& info : reader->backends()) {
-    if (info.name == "ibverbs" && !info.viable) {
-      GTEST_SKIP() << "ibverbs is not viable here: " << info.reason;
-    }
-  }
   auto staying = ibverbs_manager(1);
   auto leaving = ibverbs_manager(1);
   ASSERT_NE(staying, nullptr);

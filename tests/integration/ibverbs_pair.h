@@ -1,14 +1,41 @@
-// A fixture for tests of one reader and one owner over ibverbs alone: both
-// managers, and one buffer of the owner's. Skips, saying why, where
-// ibverbs is not viable (scripts/softroce-vm runs these tests).
+// Fixtures for tests over ibverbs alone, which skip, saying why, where
+// ibverbs is not viable (scripts/softroce-vm runs these tests): one that
+// only checks that, and one of a reader and an owner, with one buffer of
+// the owner's.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
+
+// Empty when ibverbs is viable here, else why not (asked once).
+inline const std::string& ibverbs_unviable_reason() {
+  static const std::string reason = []() -> std::string {
+    Config c;
+    c.backends = {"ibverbs"};
+    auto m = Manager::create(c);
+    if (!m.ok()) return "cannot create a manager: " + m.status().to_string();
+    for (const BackendInfo& info : (*m)->backends()) {
+      if (info.name == "ibverbs") return info.viable ? "" : info.reason;
+    }
+    return "Manager::backends() does not list ibverbs";
+  }();
+  return reason;
+}
+
+// Tests that need ibverbs: skipped, saying why, where it is not viable.
+class IbverbsOnlyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!ibverbs_unviable_reason().empty()) {
+      GTEST_SKIP() << "ibverbs is not viable here: " << ibverbs_unviable_reason();
+    }
+  }
+};
 
 class IbverbsPairTest : public ::testing::Test {
  protected:

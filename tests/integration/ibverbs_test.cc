@@ -28,6 +28,7 @@
 #include "tests/helpers/backend_detail.h"
 #include "tests/helpers/forge.h"
 #include "tests/helpers/sanitizer.h"
+#include "tests/integration/ibverbs_pair.h"
 #include "tests/integration/integration.h"
 
 namespace rdmabuf::testing {
@@ -36,29 +37,7 @@ namespace {
 // The environment of owner processes: ibverbs only.
 const std::vector<std::string> kIbOnly = {"RDMABUF_BACKENDS=ibverbs"};
 
-// Empty when ibverbs is viable here, else why not.
-const std::string& ibverbs_unviable_reason() {
-  static const std::string reason = []() -> std::string {
-    Config c;
-    c.backends = {"ibverbs"};
-    auto m = Manager::create(c);
-    if (!m.ok()) return "cannot create a manager: " + m.status().to_string();
-    for (const BackendInfo& info : (*m)->backends()) {
-      if (info.name == "ibverbs") return info.viable ? "" : info.reason;
-    }
-    return "Manager::backends() does not list ibverbs";
-  }();
-  return reason;
-}
-
-class IbverbsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!ibverbs_unviable_reason().empty()) {
-      GTEST_SKIP() << "ibverbs is not viable here: " << ibverbs_unviable_reason();
-    }
-  }
-};
+using IbverbsTest = IbverbsOnlyTest;
 using IbverbsFailureTest = IbverbsTest;
 using IbverbsTimeoutTest = IbverbsTest;
 using IbverbsFallbackTest = IbverbsTest;
