@@ -94,9 +94,11 @@ void EventLoop::wake_at(const std::shared_ptr<LoopTask>& task, Deadline at) {
   timer_of_.emplace(task.get(), std::pair{at, task});
 }
 
-void EventLoop::run_task(const std::shared_ptr<LoopTask>& task) {
+bool EventLoop::run_task(const std::shared_ptr<LoopTask>& task) {
   wake_at(task, Deadline::max());
+  quiet_ = false;
   task->on_run(*this);
+  return !quiet_;
 }
 
 bool EventLoop::run_kicked() {
@@ -106,9 +108,10 @@ bool EventLoop::run_kicked() {
     kicked.swap(kicked_);
     has_kicks_.store(false, std::memory_order_relaxed);
   }
+  bool active = false;
   for (const auto& task : kicked)
-    run_task(task);
-  return !kicked.empty();
+    active |= run_task(task);
+  return active;
 }
 
 bool EventLoop::run_timers() {
@@ -116,8 +119,7 @@ bool EventLoop::run_timers() {
   const Deadline now = Clock::now();
   while (!timers_.empty() && timers_.begin()->first <= now) {
     std::shared_ptr<LoopTask> task = timer_of_.at(timers_.begin()->second).second;
-    run_task(task);  // cancels the time first
-    ran = true;
+    ran |= run_task(task);  // cancels the time first
   }
   return ran;
 }
@@ -164,9 +166,8 @@ void EventLoop::run() {
       if (it == watched_.end()) continue;  // no longer watched by an earlier run of this batch
       std::shared_ptr<LoopTask> task = it->second.task;
       ready_fd_ = fd;
-      run_task(task);
+      if (run_task(task)) active = Clock::now();
       ready_fd_ = -1;
-      active = Clock::now();
     }
     if (n == 0 && spinning && !has_kicks()) sched_yield();
   }

@@ -72,6 +72,10 @@ class EventLoop {
   // The loop's thread only: the descriptor whose readiness runs the
   // current task, or -1 when a kick or its time runs it.
   int ready_fd() const { return ready_fd_; }
+  // The loop's thread only (from on_run): this run did nothing that more
+  // may follow soon (a timed look that found nothing), so it does not
+  // start the loop's busy-poll window.
+  void quiet() { quiet_ = true; }
 
   // Returns once every task kicked before the call has run (its final run,
   // for a task that was just told to stop). From the loop's own thread, or
@@ -93,11 +97,12 @@ class EventLoop {
 
   EventLoop(Fd epoll, Fd wake, std::chrono::microseconds busy_poll);
   void run();
-  // Runs `task` once, first cancelling its time.
-  void run_task(const std::shared_ptr<LoopTask>& task);
-  // Runs the tasks kicked so far; true when there were any.
+  // Runs `task` once, first cancelling its time; false when it said the
+  // run was quiet().
+  bool run_task(const std::shared_ptr<LoopTask>& task);
+  // Runs the tasks kicked so far; true when any run was not quiet.
   bool run_kicked();
-  // Runs the tasks whose time has come; true when there were any.
+  // Runs the tasks whose time has come; true when any run was not quiet.
   bool run_timers();
   int sleep_ms() const;
 
@@ -117,6 +122,7 @@ class EventLoop {
 
   // The loop's thread's own state.
   int ready_fd_ = -1;
+  bool quiet_ = false;  // the running task called quiet()
   std::unordered_map<int, Watch> watched_;
   std::set<std::pair<Deadline, LoopTask*>> timers_;
   std::unordered_map<LoopTask*, std::pair<Deadline, std::shared_ptr<LoopTask>>> timer_of_;

@@ -65,6 +65,11 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   }
   Status write_noticed(const RemoteBuffer& dst, const LocalMemory& src, const WriteNotice& notice,
                        std::chrono::milliseconds timeout, bool& notice_sent) override;
+  Result<EventLoop*> endpoint_loop() override {
+    RDMABUF_ASSIGN_OR_RETURN(EventLoops * loops, loops_.get());
+    return &loops->next();
+  }
+  WorkerPool& endpoint_workers() override { return endpoint_workers_; }
   NotificationQueue& notifications() override { return notifications_; }
   NoticeRoutes& notice_routes() override { return notice_routes_; }
   LendBudget& lend_budget() override { return lend_budget_; }
@@ -118,9 +123,10 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   PeerIdentity identity_;
   Registry registry_;
   std::atomic<size_t> releasing_{0};  // release() calls under way (registered_count)
-  // The event loops the backends drive their outbound connections on;
-  // outlives the backends (declared before slots_).
-  SharedLoops reader_loops_{io_threads_for(config_.io_threads), config_.busy_poll};
+  // The event loops the backends drive their outbound connections on, and
+  // the endpoints' servers wait on; outlives the backends (declared before
+  // slots_).
+  SharedLoops loops_{io_threads_for(config_.io_threads), config_.busy_poll};
   std::vector<Slot> slots_;  // priority order, best first
   std::unique_ptr<Listener> listener_;
   DeadlineWatcher deadlines_;
@@ -136,7 +142,11 @@ class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::E
   }};
 
  public:
-  // Shared by this manager's endpoints.
+  // Shared by this manager's endpoints. The workers their servers' turns
+  // run on: as many as turns under way, up to kMostEndpointWorkers (more
+  // wait); one idle for 2 s ends.
+  static constexpr int kMostEndpointWorkers = 64;
+  WorkerPool endpoint_workers_{"rdmabuf-serve", kMostEndpointWorkers, std::chrono::seconds(2)};
   NotificationQueue notifications_;
   NoticeRoutes notice_routes_;
   LendBudget lend_budget_{config_.lend_limit};
@@ -180,7 +190,7 @@ Result<std::unique_ptr<ManagerImpl>> ManagerImpl::create(const Config& config) {
   m->identity_.host_id = this_host_id();
   m->identity_.pid = static_cast<uint32_t>(getpid());
 
-  BackendEnv env{config, m->identity_, &m->registry_, m.get(), m.get(), &m->reader_loops_};
+  BackendEnv env{config, m->identity_, &m->registry_, m.get(), m.get(), &m->loops_};
   for (const BackendFactory& f : backend_factories()) {
     Slot slot{&f, nullptr, ""};
     bool enabled = config.backends.empty();
@@ -648,7 +658,7 @@ Status ManagerImpl::deliver(uint64_t writer, const NoticeRecord& notice) {
   }
   pinned->reset();
   // Straight into the queue (or to the handler, on this thread), with no
-  // hop through the endpoint's thread: the NIC has already ordered it
+  // hop through the endpoint's server: the NIC has already ordered it
   // behind the bytes.
   RDMABUF_ASSIGN_OR_RETURN(Notification n, notice_routes_.notification_for(writer, notice));
   return notifications_.try_push(n);
@@ -694,8 +704,8 @@ void ManagerImpl::shutdown() {
   for (Slot& slot : slots_) {
     if (slot.backend) slot.backend->shutdown();
   }
-  reader_loops_.stop();  // every backend's tasks on them have had their final runs
-  stager_.shutdown();    // its pieces have all finished with the backends
+  loops_.stop();       // every backend's tasks on them have had their final runs
+  stager_.shutdown();  // its pieces have all finished with the backends
   if (listener_) listener_->join_connections();
   deadlines_.stop();
   notifications_.close();

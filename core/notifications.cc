@@ -114,7 +114,7 @@ Result<Notification> NotificationQueue::pop(std::chrono::milliseconds timeout,
       if (queued_.load(std::memory_order_acquire) != 0) break;
     }
     if (!spin.spin()) {
-      // Asleep from here on: the endpoints' threads read for it again.
+      // Asleep from here on: the endpoints' servers read for it again.
       if (looked) routes->looks_ended();
       break;
     }

@@ -41,14 +41,14 @@ class NotificationQueue {
   // Queues `n` when that needs no wait and no handler: false (nothing
   // queued) while a handler is set, the queue is full or closed. For a
   // waiter in pop() that found `n` itself (NoticeRoutes::look_for_notes):
-  // a handler runs on an endpoint's thread, never inside such a call.
+  // a handler runs on an endpoint's server, never inside such a call.
   bool try_queue(const Notification& n);
   // The oldest notification. kDeadlineExceeded after `timeout`;
   // kFailedPrecondition once closed. While none is queued it looks again
   // (yielding the CPU between looks) for `busy_poll`, then sleeps. With
   // `routes`, each look reads the endpoints' channels too
   // (NoticeRoutes::look_for_notes), and a wait that sleeps hands the
-  // reading back to the endpoints' threads first (looks_ended). No looks
+  // reading back to the endpoints' servers first (looks_ended). No looks
   // while a handler is set (what they read would go to it).
   Result<Notification> pop(std::chrono::milliseconds timeout,
                            std::chrono::microseconds busy_poll = {},
@@ -83,12 +83,12 @@ class NoticeTaker {
   // endpoint's channel holds, when no other thread reads it, and queues the
   // notifications found (NotificationQueue::try_queue), so that they reach
   // the waiter with no hand-over between threads. One look, no wait; what
-  // it cannot do, the endpoint's own thread does as before.
+  // it cannot do, the endpoint's server does as before.
   virtual void look_for_notes() = 0;
-  // The waiter stopped looking to sleep: the endpoint's own thread reads
+  // The waiter stopped looking to sleep: the endpoint's server reads
   // again from now on, woken by the peer's writes. (A waiter that got what
   // it waited for says nothing: it is likely back soon, and if not, the
-  // endpoint's thread reads again once no look has read for a while,
+  // endpoint's server reads again once no look has read for a while,
   // within about 16 ms: docs/threads.md.) Never blocks.
   virtual void looks_ended() = 0;
 

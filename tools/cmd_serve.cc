@@ -126,7 +126,7 @@ class EndpointServer {
     // The client still holds the credits of the other receives, so over
     // TCP or RDMA the endpoint holds the new one back through the wait, for
     // the next echo to carry (one send, not two; Endpoint::post_receive),
-    // unless the endpoint's thread sends it first at one of its looks,
+    // unless the endpoint's server sends it first at one of its looks,
     // every few milliseconds; through shared memory it goes while the
     // server waits.
     std::optional<bool> echoes;  // what the endpoint is for, once its first message came

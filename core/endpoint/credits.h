@@ -40,8 +40,8 @@ class Credits {
   // or none). True at kMostHeldBack bytes: the caller writes them now.
   bool hold(uint64_t seq, uint64_t capacity, std::span<const uint8_t> handle) {
     append_credit(held_, seq, capacity, handle);
-    // Seq_cst, against the endpoint thread's look before it sleeps
-    // (EndpointImpl::serve); stored only when it was false (a locked
+    // Seq_cst, against the endpoint server's look before it sleeps
+    // (EndpointImpl::server_wait); stored only when it was false (a locked
     // instruction less for all but the first of a batch: 4 KiB streams 2%
     // faster). It changes only under the frames lock, so true here means
     // the store that made it so came before, and the write that clears it

@@ -61,8 +61,17 @@ EndpointImpl::EndpointImpl(endpoint::EndpointHost& host, Fd fd, FrameChannel::Ki
       notice_key_(mine.notice_key),
       peer_notice_key_(theirs.notice_key) {
   reading_.in = std::make_unique<uint8_t[]>(endpoint::kInCapacity);
-  reader_ = std::thread([this] { serve(); });
   host_.notice_routes().add(notice_key_, this);
+}
+
+Status EndpointImpl::start_serving() {
+  RDMABUF_ASSIGN_OR_RETURN(EventLoop * loop, host_.endpoint_loop());
+  served_out_ = false;  // before the loop can run the server
+  if (!EndpointServer::start(*this, *loop, host_.endpoint_workers())) {
+    served_out_ = true;
+    return Cancelled("the manager is shutting down");
+  }
+  return Status::Ok();
 }
 
 Result<std::unique_ptr<EndpointImpl>> EndpointImpl::create(endpoint::EndpointHost& host, Fd fd,
@@ -75,7 +84,7 @@ Result<std::unique_ptr<EndpointImpl>> EndpointImpl::create(endpoint::EndpointHos
   RDMABUF_ASSIGN_OR_RETURN(Fd sends_wake, make_eventfd());
   Fd events(::epoll_create1(EPOLL_CLOEXEC));
   if (!events.valid()) return Internal("epoll_create1: " + errno_text(errno));
-  // The endpoint's thread watches `stop` and `wake` (level), and the socket
+  // The endpoint's server watches `stop` and `wake` (level), and the socket
   // and the RDMA channel's wakeups (one-shot, armed: watch_socket()).
   const int wakeups = choice.rdma ? choice.rdma->wakeup_fd() : -1;
   for (int watched : {stop.get(), wake.get(), fd.get(), wakeups}) {
@@ -90,9 +99,11 @@ Result<std::unique_ptr<EndpointImpl>> EndpointImpl::create(endpoint::EndpointHos
   std::string description = std::move(choice.description);
   FrameChannel::Kind kind = kind_of(choice, fd.get());
   const uint64_t stream_limit = stream_limit_for(kind, host);
-  return std::make_unique<EndpointImpl>(
+  auto endpoint = std::make_unique<EndpointImpl>(
       host, std::move(fd), std::move(kind), stream_limit, std::move(description), std::move(peer),
       mine, theirs, std::move(stop), std::move(wake), std::move(sends_wake), std::move(events));
+  RDMABUF_RETURN_IF_ERROR(endpoint->start_serving());
+  return endpoint;
 }
 
 EndpointImpl::~EndpointImpl() {
@@ -105,14 +116,17 @@ void EndpointImpl::close(const Status& why) {
   wait_for_looks();  // those under way end: the endpoint is broken
   {
     std::lock_guard join(join_mu_);  // a second close waits for the first's joins
-    std::thread reader, lease_keeper;
+    std::thread lease_keeper;
     {
       std::lock_guard threads(threads_mu_);
       joined_ = true;
-      reader.swap(reader_);
       lease_keeper.swap(lease_keeper_);
     }
-    if (reader.joinable()) reader.join();
+    {
+      // Broken, the server's next step is its last (its stop_ watch fired).
+      std::unique_lock served(served_mu_);
+      served_cv_.wait(served, [&] { return served_out_; });
+    }
     if (lease_keeper.joinable()) lease_keeper.join();
     // Loans made while no lease keeper ran yet (one starts with the first)
     // are reclaimed here, before a second close may return: broken, it

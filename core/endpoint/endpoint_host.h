@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include "common/event_loop.h"
+#include "common/worker_pool.h"
 #include "core/notifications.h"
 #include "rdmabuf/backend.h"
 #include "rdmabuf/buffer.h"
@@ -44,7 +46,11 @@ class EndpointHost {
   // offers one, or why none did.
   virtual Result<std::unique_ptr<MessageChannel>> open_message_channel() = 0;
 
-  // Shared by the manager's endpoints.
+  // Shared by the manager's endpoints. Their servers (server.h) wait on
+  // the manager's event loops, one each, and take their turns on its
+  // endpoint workers; kCancelled once the manager shut down.
+  virtual Result<EventLoop*> endpoint_loop() = 0;
+  virtual WorkerPool& endpoint_workers() = 0;
   virtual NotificationQueue& notifications() = 0;
   virtual NoticeRoutes& notice_routes() = 0;
   virtual LendBudget& lend_budget() = 0;

@@ -50,6 +50,7 @@
 #include "core/endpoint/reader_role.h"
 #include "core/endpoint/receive_table.h"
 #include "core/endpoint/send_queue.h"
+#include "core/endpoint/server.h"
 #include "core/endpoint/spin_stretch.h"
 #include "core/endpoint/state_lock.h"
 #include "rdmabuf/endpoint.h"
@@ -57,7 +58,7 @@
 namespace rdmabuf {
 namespace endpoint {
 
-// Notifications read but not yet delivered by the endpoint's thread; at
+// Notifications read but not yet delivered by the endpoint's server; at
 // this many, reading stops until it catches up (backpressure on the writer).
 constexpr size_t kMaxPendingNotes = 1024;
 // Bytes read from a stream channel at once: many small frames.
@@ -149,6 +150,8 @@ class EndpointImpl final : public NoticeTaker {
                const endpoint::Hello& theirs, Fd stop, Fd wake, Fd sends_wake, Fd events);
 
  private:
+  friend class EndpointServer;  // runs the server's steps (server_wait ... serve_turn)
+
   // One of this side's requests waiting for its reply (kLent, kRenewed,
   // kReceiveHandle).
   struct AwaitedReply {
@@ -281,7 +284,21 @@ class EndpointImpl final : public NoticeTaker {
   bool sleep_on_channel(const ReaderRole::Held& role, Deadline deadline);
   void take_doorbells(const ReaderRole::Held& role);
   void watch_socket();
-  void serve();
+
+  // --- the endpoint's server (server.h; its steps in progress.cc) ---
+  // The server's first look comes this long after callers last read, in
+  // ms (progress.cc says why); server_wait's answer for "no wait".
+  static constexpr int kLingerMs = 1;
+  static constexpr int kNoWait = -2;
+  // Starts the server on one of the manager's loops (create()).
+  Status start_serving();
+  int server_events() const { return events_.get(); }
+  int server_wait();
+  ServerLook server_look(int woken);
+  void look_later();
+  bool serve_turn(ServerLook look);
+  bool end_serving();
+  void served_out();
 
   // --- lending (lending.cc) ---
   Status answer_lend(uint64_t id, uint64_t size, std::chrono::milliseconds lease);
@@ -308,7 +325,7 @@ class EndpointImpl final : public NoticeTaker {
   Fd fd_;  // the TCP connection: frames, or doorbells (or nothing) and its end
   FrameChannel channel_;
   Fd stop_;        // readable once closing
-  Fd wake_;        // readable when the endpoint's thread has work: notifications, sends
+  Fd wake_;        // readable when the endpoint's server has work: notifications, sends
   Fd sends_wake_;  // readable when a send's write finished while a caller read
   Fd events_;      // epoll: stop_, wake_, and fd_ while no caller reads it
   const std::string peer_;
@@ -349,7 +366,7 @@ class EndpointImpl final : public NoticeTaker {
   std::deque<LocalMemory> returned_;
   std::condition_variable_any leases_cv_;
 
-  // Notifications (notification_delivery.cc): for the endpoint's thread to
+  // Notifications (notification_delivery.cc): for the endpoint's server to
   // deliver, or a waiter that looked (hand_over_notes); under mu_. (Its
   // size, looked at in every wait, is a field: a deque's is a computation
   // over its blocks.)
@@ -361,23 +378,33 @@ class EndpointImpl final : public NoticeTaker {
   // (look_for_notes), which hands over the notifications it reads itself.
   bool looking_ = false;
   std::atomic<bool> looked_{false};         // such a waiter read since looks_ended()
-  std::atomic<bool> reader_wanted_{false};  // looks_ended(): the endpoint's thread reads again
+  std::atomic<bool> reader_wanted_{false};  // looks_ended(): the endpoint's server reads again
 
   FutexMutex write_mu_;                      // the frames lock where writes may wait (see above)
   std::vector<iovec> socket_pieces_;         // what one such write gathers (kept for its capacity)
-  std::atomic<bool> serve_sleeping_{false};  // the endpoint's thread waits with no timeout
+  std::atomic<bool> serve_sleeping_{false};  // the server waits with no timeout
   // Frames-in-place channels: doorbells taken from the socket
-  // (take_doorbells), and how many there were when the endpoint's thread
+  // (take_doorbells), and how many there were when the endpoint's server
   // last asked for one.
   std::atomic<uint64_t> doorbells_taken_{0};
-  uint64_t doorbells_seen_ = 0;  // the endpoint's thread alone
-  // Held across close()'s joins. Taken before threads_mu_, which guards
-  // the threads below and joined_ (close() took them to join: none starts
-  // after), never across a join.
+  uint64_t doorbells_seen_ = 0;  // the server's steps alone
+  // The server's steps alone (one at a time: server.h).
+  struct ServerState {
+    int timeout_ms = -1;        // the next wait's (-1: until an event comes)
+    int linger_ms = kLingerMs;  // the next look's, while callers read
+    int held_looks = 0;         // looks in a row that found the role held (serve_turn)
+  } server_;
+  // Whether the server is gone (served_out), under served_mu_; true until
+  // it starts. close() waits for it.
+  std::mutex served_mu_;
+  std::condition_variable served_cv_;
+  bool served_out_ = true;
+  // Held across close()'s join. Taken before threads_mu_, which guards the
+  // lease keeper and joined_ (close() took it to join: none starts after),
+  // never across a join.
   std::mutex join_mu_;
   std::mutex threads_mu_;
   bool joined_ = false;
-  std::thread reader_;
   std::thread lease_keeper_;  // from the first loan on (lending.cc)
 };
 

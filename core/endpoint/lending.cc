@@ -6,6 +6,8 @@
 // of each endpoint, releases lent memory whose lease ended: from then on
 // the borrower's handle is NotFound. Loans count against the manager's
 // LendBudget (RDMABUF_LEND_LIMIT); leases are capped at Config::max_lease.
+#include <pthread.h>
+
 #include "core/endpoint/endpoint_impl.h"
 
 namespace rdmabuf {
@@ -82,8 +84,10 @@ Status EndpointImpl::answer_lend(uint64_t id, uint64_t size, std::chrono::millis
   {
     // The first loan starts it: an endpoint that lends nothing has none.
     std::lock_guard threads(threads_mu_);
-    if (!joined_ && !lease_keeper_.joinable())
+    if (!joined_ && !lease_keeper_.joinable()) {
       lease_keeper_ = std::thread([this] { keep_leases(); });
+      pthread_setname_np(lease_keeper_.native_handle(), "rdmabuf-leases");
+    }
   }
   return reply(Frame::kLent, id, Status::Ok(), static_cast<uint64_t>(lease.count()),
                handle->to_bytes());

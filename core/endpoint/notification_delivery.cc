@@ -1,6 +1,6 @@
 // Notifications of the peer's tagged writes into this manager's memory: from
 // kNotify frames (or a backend's notices, NoticeTaker::notification_for) to
-// the manager's queue (NotificationQueue), in order. The endpoint's thread
+// the manager's queue (NotificationQueue), in order. The endpoint's server
 // delivers them; a waiter in Manager::next_notification that spins may read
 // the channel itself (look_for_notes) and hand over what it found, with no
 // hand-over between threads.
@@ -19,7 +19,7 @@ Result<Notification> EndpointImpl::notification_for(uint64_t writer, const Notic
   return Notification{notice.tag, notice.buffer_id, notice.offset, notice.length, peer_};
 }
 
-// A kNotify frame (reader role held): queued for the endpoint's thread to
+// A kNotify frame (reader role held): queued for the endpoint's server to
 // deliver, unless a waiter that looks reads it (it hands it over itself:
 // look_for_notes).
 Status EndpointImpl::take_notice(const endpoint::Notice& notice) {
@@ -40,9 +40,9 @@ Status EndpointImpl::take_notice(const endpoint::Notice& notice) {
 // this thread. Never waits: not for mu_ nor the role, and it writes nothing
 // (a write may wait for room in the channel for seconds, and a waiter's
 // timeout is its caller's): the replies to the frames it read, sends that
-// can move on and credits that are due are left to the endpoint's thread,
+// can move on and credits that are due are left to the endpoint's server,
 // woken (to read again, for the replies: they go with the next reader's
-// pump). Reading counts as a caller's lead: the endpoint's thread then
+// pump). Reading counts as a caller's lead: the endpoint's server then
 // leaves the channel to this thread's looks (led_lately) until
 // looks_ended().
 void EndpointImpl::look_for_notes() {
@@ -70,7 +70,7 @@ void EndpointImpl::look_for_notes() {
     release_role(lock);  // and wakes the callers behind, as a lead does
     lock.unlock();
     if (!st.ok()) {
-      fail_reading(st);  // and the endpoint's thread, woken, delivers what was read
+      fail_reading(st);  // and the endpoint's server, woken, delivers what was read
       return;
     }
     if (for_the_thread) {
@@ -81,7 +81,7 @@ void EndpointImpl::look_for_notes() {
   hand_over_notes();
 }
 
-// NoticeTaker::looks_ended: the endpoint's thread reads again, woken now,
+// NoticeTaker::looks_ended: the endpoint's server reads again, woken now,
 // when a waiter's looks kept it away. Never blocks.
 void EndpointImpl::looks_ended() {
   if (!looked_.exchange(false, std::memory_order_relaxed)) return;
@@ -91,7 +91,7 @@ void EndpointImpl::looks_ended() {
 
 // A looking waiter's (look_for_notes): hands notes_ to the manager's queue
 // in order, without waiting; what it cannot hand over (a handler is set,
-// the queue is full, the endpoint's thread is delivering), that thread
+// the queue is full, the endpoint's server is delivering), that thread
 // delivers, woken.
 void EndpointImpl::hand_over_notes() {
   std::unique_lock delivering(deliver_mu_, std::try_to_lock);

@@ -5,9 +5,11 @@
 // message, a reply) takes the role and reads the channel itself, so what it
 // waits for reaches it without a hand-off between threads; other callers
 // follow on cv_ and take the role when it comes free. When no caller has
-// held it since the endpoint's thread last looked (kLinger to kMostLinger
-// before), that thread takes it, woken by epoll: callers that read lately
-// are likely back within microseconds, and the endpoint's thread, woken
+// held it since the endpoint's server last looked (kLinger to kMostLinger
+// before), the server takes it, woken by epoll (server.h: a task on one of
+// the manager's event loops, whose turns run on its endpoint workers; an
+// endpoint has no thread of its own): callers that read lately
+// are likely back within microseconds, and the endpoint's server, woken
 // once, then looks again after kLinger, and less often while callers keep
 // reading (up to kMostLinger), rather than at every frame. So frames nobody
 // waits for (withdrawals, lend requests, notifications) are read at once
@@ -15,10 +17,10 @@
 // short call, and within about 2 * kMostLinger after callers read for
 // several milliseconds (one long wait will do), even while no call waits.
 // Once two looks in a row find the role held with no caller's turn ending
-// between (a long wait, which reads whatever comes), the thread sleeps
+// between (a long wait, which reads whatever comes), the server sleeps
 // until that caller gives the role back and wakes it (take_role): an idle
 // endpoint costs no wake-ups. Notifications are queued, and delivered by
-// the endpoint's thread alone, so a handler never runs inside a caller's
+// the endpoint's server alone, so a handler never runs inside a caller's
 // call. The waits themselves are templates: progress_templates.h.
 #include <poll.h>
 #include <sys/epoll.h>
@@ -32,7 +34,7 @@
 namespace rdmabuf {
 namespace {
 
-// How long after a caller last read the endpoint's thread leaves the channel
+// How long after a caller last read the endpoint's server leaves the channel
 // to callers: kLinger at first, twice as long at each look that finds
 // callers read meanwhile, up to kMostLinger. A look takes a core from
 // whoever runs there: in the Soft-RoCE VM, where a ping-pong's two
@@ -41,15 +43,14 @@ namespace {
 // to 8 ms (16 ms gained nothing more), and its 90th percentile at 96-185 us
 // against 47-50. The price: a frame that comes just after callers stop
 // reading, while no call waits, may wait for the look after next (about 2
-// * kMostLinger), and so may a credit held back (see serve: a look while
+// * kMostLinger), and so may a credit held back (see server_look: a look while
 // callers read sends only the credits that are due).
-constexpr int kLingerMs = 1;
 constexpr int kMostLingerMs = 8;
 
 }  // namespace
 
-// The endpoint's thread takes the reader role if it is free; if not, and
-// `until_released`, its holder's release wakes this thread.
+// The server takes the reader role if it is free; if not, and
+// `until_released`, its holder's release wakes the server.
 std::optional<ReaderRole::Held> EndpointImpl::take_role(bool until_released) {
   StateLock lock(mu_);
   if (role_.held(lock)) {
@@ -65,7 +66,7 @@ void EndpointImpl::give_back_role() {
 }
 
 // Gives the reader role back, waking the callers that wait for it or for
-// what was read, and the endpoint's thread when it waits for the role
+// what was read, and the endpoint's server when it waits for the role
 // (take_role): after it found the role held, with no caller's turn ending,
 // at two looks in a row (a wait of some 8 to 16 ms or more, an idle
 // endpoint's), so the write comes once a long wait, not once a message.
@@ -131,19 +132,19 @@ bool EndpointImpl::sleep_on_channel(const ReaderRole::Held& role, Deadline deadl
 // wakeups too (as doorbells). Reader role held.
 //
 // One doorbell wakes every sleeper of this side, but a caller may take it
-// before the endpoint's thread, asleep in epoll_wait, has looked: then that
-// thread would sleep on with its request used up, and frames no call waits
+// before the endpoint's server, asleep on its events, has looked: then the
+// server would sleep on with its request used up, and frames no call waits
 // for would sit in the channel. So a taken doorbell is counted, and the
-// endpoint's thread, when it sleeps, is woken to look again.
+// endpoint's server, when it sleeps, is woken to look again.
 void EndpointImpl::take_doorbells(const ReaderRole::Held&) {
   if (!channel_.take_doorbells(reading_.peer_closed)) return;
-  doorbells_taken_.fetch_add(1);  // seq_cst, against serve_sleeping_ (see serve)
-  // Not when the endpoint's thread waits for the role's holder, which takes
+  doorbells_taken_.fetch_add(1);  // seq_cst, against serve_sleeping_ (see server_wait)
+  // Not when the endpoint's server waits for the role's holder, which takes
   // the frames this doorbell rang for (and then wakes it).
   if (serve_sleeping_.load() && !role_.wanted()) signal_eventfd(wake_.get());
 }
 
-// Arms the endpoint thread's one-shot watches on the socket and the RDMA
+// Arms the endpoint server's one-shot watches on the socket and the RDMA
 // channel's wakeups.
 void EndpointImpl::watch_socket() {
   for (int watched : {fd_.get(), channel_.wakeup_fd()}) {
@@ -155,124 +156,155 @@ void EndpointImpl::watch_socket() {
   }
 }
 
-// The endpoint's thread: reads while no caller does, and delivers the
-// notifications. It arms its watch on the socket only after it read it
-// itself; callers leave the watch as it is. Woken while callers read, it
-// looks again after kLinger, then after twice as long each time callers
-// read meanwhile (up to kMostLinger), until they have been gone since its
-// last look.
-void EndpointImpl::serve() {
-  int timeout_ms = -1;
-  int linger_ms = kLingerMs;  // the next look's, while callers read
-  int held_looks = 0;         // looks in a row that found the role held (see below)
-  auto look_later = [&] {     // callers read: the next look, and the one after
-    timeout_ms = linger_ms;
-    linger_ms = std::min(2 * linger_ms, kMostLingerMs);
-  };
-  const bool in_place = channel_.frames_in_place();
-  while (true) {
-    epoll_event events[4];
-    // Sleeping with no timeout: a frame deferred from now on wakes us.
-    serve_sleeping_.store(timeout_ms < 0);
-    if (timeout_ms < 0 && in_place && doorbells_taken_.load() != doorbells_seen_) {
-      // A caller took a doorbell since this thread asked for one: it may
-      // have been this thread's. Look again soon instead of sleeping on it.
-      serve_sleeping_.store(false);
-      timeout_ms = kLingerMs;
-    }
-    int woken = 0;
-    if (!(timeout_ms < 0 && credits_.any_held())) {
-      woken = ::epoll_wait(events_.get(), events, 4, timeout_ms);
-      if (woken < 0 && errno != EINTR) {
-        break_with(Internal("epoll_wait: " + errno_text(errno)));
-        return;
-      }
-    }
+// The server's steps (server.h runs them, one at a time). It arms its watch
+// on the socket only after it read it itself; callers leave the watch as it
+// is. Woken while callers read, it looks again after kLinger, then after
+// twice as long each time callers read meanwhile (up to kMostLinger),
+// until they have been gone since its last look.
+
+// Before the server waits for its events: for how long, in ms (-1: until
+// one comes), or kNoWait: credits are held back with no look due, so a
+// turn goes on at once and sends them.
+int EndpointImpl::server_wait() {
+  ServerState& s = server_;
+  // Waiting with no timeout: a frame deferred from now on wakes the server.
+  serve_sleeping_.store(s.timeout_ms < 0);
+  if (s.timeout_ms < 0 && channel_.frames_in_place() &&
+      doorbells_taken_.load() != doorbells_seen_) {
+    // A caller took a doorbell since the server asked for one: it may have
+    // been the server's. Look again soon instead of waiting on it.
     serve_sleeping_.store(false);
-    if (woken == 0 && timeout_ms >= 0 && role_.led_lately()) {
-      // A look that nothing woke, while callers read. Their waits answer
-      // what the peer sends, move sends on after each read and send the
-      // credits held back once due; whatever needs this thread (a
-      // notification to deliver, a write that finished while no caller
-      // read, the end) signals one of its watches. Left for it: held
-      // credits that are due (a receive posted with no wait after it). The
-      // others wait for the next frame, or this thread's first look after
-      // callers stop, as the peer does not need them yet. Otherwise no lock
-      // and no write: a look does not meet a caller on mu_ (in the
-      // Soft-RoCE VM a futex wake then sat on the caller's message's way)
-      // nor send credits of its own (8 B ping-pong: 4.00 packets a round
-      // trip, against 4.01-4.02 when each look sent what was held). The
-      // price: a send that became ready just as a wait ended (at its
-      // deadline, or a writer's read while blocked, which moves no sends)
-      // moves at the look after next, not the next.
-      if (credits_.any_held_now() && credits_.due()) flush().ignore();
-      held_looks = 0;
-      look_later();
-      continue;
-    }
-    drain_eventfd(wake_.get());
-    flush().ignore();
-    progress_sends();  // writes that finished, credits read by callers
-    if (!deliver_notes()) {
-      break_with(Cancelled("the manager is shutting down"));
-      break;
-    }
-    if (stopping()) break;
-    // A waiter that looked for notifications went to sleep (looks_ended):
-    // read again now, rather than after callers have been gone a while.
-    const bool handed_back = reader_wanted_.exchange(false);
-    if (role_.led_lately() && !handed_back) {
-      held_looks = 0;
-      look_later();
-      continue;
-    }
-    // The role held at this look and the one before, with no caller's turn
-    // ending between: one wait that reads every frame that comes (an idle
-    // endpoint's receive waiting for a day, say). Its release wakes this
-    // thread, which sleeps until then: looking every kMostLinger meanwhile
-    // cost each idle endpoint 125 wake-ups a second. (After one such look
-    // it looks once more: a wait that ends within it needs no wake-up.) The
-    // holder takes the doorbells too, so none is this thread's to wait for.
-    const bool until_released = held_looks > 0;
-    const std::optional<ReaderRole::Held> role = take_role(until_released);
-    if (!role) {
-      if (handed_back) reader_wanted_.store(true);  // at the release, or the next look
-      if (until_released) {
-        held_looks = 0;
-        timeout_ms = -1;
-        doorbells_seen_ = doorbells_taken_.load();
-      } else {
-        ++held_looks;
-        look_later();
-      }
-      continue;
-    }
-    held_looks = 0;
-    linger_ms = kLingerMs;
-    timeout_ms = -1;
-    Status st;
-    if (in_place) take_doorbells(*role);
-    while (true) {
-      bool progressed = true;
-      while (st.ok() && progressed && !notes_full()) {
-        progressed = false;
-        st = pump(*role, progressed);
-        if (progressed) cv_.notify_all();
-      }
-      // Before sleeping, a frames-in-place reader asks for a doorbell (or
-      // arms its wakeups); bytes that came meanwhile are read first.
-      if (!st.ok() || !in_place || notes_full() || channel_.prepare_sleep()) break;
-    }
-    doorbells_seen_ = doorbells_taken_.load();
-    watch_socket();
-    give_back_role();
-    if (!st.ok()) {
-      fail_reading(st);
-      break;
-    }
-    progress_sends();  // with the credits just read
+    s.timeout_ms = kLingerMs;
   }
-  deliver_notes();  // what was read before the end, while the queue has room
+  if (s.timeout_ms < 0 && credits_.any_held()) return kNoWait;
+  return s.timeout_ms;
+}
+
+// The wait ended, `woken` by that many events (0: the look's time came,
+// or there was no wait): what follows. Never blocks, and takes no lock.
+ServerLook EndpointImpl::server_look(int woken) {
+  serve_sleeping_.store(false);
+  if (woken == 0 && server_.timeout_ms >= 0 && role_.led_lately()) {
+    // A look that nothing woke, while callers read. Their waits answer
+    // what the peer sends, move sends on after each read and send the
+    // credits held back once due; whatever needs the server (a
+    // notification to deliver, a write that finished while no caller
+    // read, the end) signals one of its watches. Left for it: held
+    // credits that are due (a receive posted with no wait after it). The
+    // others wait for the next frame, or the server's first look after
+    // callers stop, as the peer does not need them yet. Otherwise no lock
+    // and no write: a look does not meet a caller on mu_ (in the
+    // Soft-RoCE VM a futex wake then sat on the caller's message's way)
+    // nor send credits of its own (8 B ping-pong: 4.00 packets a round
+    // trip, against 4.01-4.02 when each look sent what was held). The
+    // price: a send that became ready just as a wait ended (at its
+    // deadline, or a writer's read while blocked, which moves no sends)
+    // moves at the look after next, not the next.
+    server_.held_looks = 0;
+    look_later();
+    return credits_.any_held_now() && credits_.due() ? ServerLook::kSendCredits : ServerLook::kDone;
+  }
+  return ServerLook::kTurn;
+}
+
+// Callers read: the next look, and the one after.
+void EndpointImpl::look_later() {
+  server_.timeout_ms = server_.linger_ms;
+  server_.linger_ms = std::min(2 * server_.linger_ms, kMostLingerMs);
+}
+
+// A turn (on a worker: it may block); false once serving ended.
+bool EndpointImpl::serve_turn(ServerLook look) {
+  ServerState& s = server_;
+  if (look == ServerLook::kSendCredits) {
+    flush().ignore();
+    return true;
+  }
+  if (look == ServerLook::kFailed) {
+    break_with(Internal("the endpoint's server lost its events (epoll)"));
+    return false;
+  }
+  drain_eventfd(wake_.get());
+  flush().ignore();
+  progress_sends();  // writes that finished, credits read by callers
+  if (!deliver_notes()) {
+    break_with(Cancelled("the manager is shutting down"));
+    return end_serving();
+  }
+  if (stopping()) return end_serving();
+  // A waiter that looked for notifications went to sleep (looks_ended):
+  // read again now, rather than after callers have been gone a while.
+  const bool handed_back = reader_wanted_.exchange(false);
+  if (role_.led_lately() && !handed_back) {
+    s.held_looks = 0;
+    look_later();
+    return true;
+  }
+  // The role held at this look and the one before, with no caller's turn
+  // ending between: one wait that reads every frame that comes (an idle
+  // endpoint's receive waiting for a day, say). Its release wakes the
+  // server, which waits until then: looking every kMostLinger meanwhile
+  // cost each idle endpoint 125 wake-ups a second. (After one such look
+  // it looks once more: a wait that ends within it needs no wake-up.) The
+  // holder takes the doorbells too, so none is the server's to wait for.
+  const bool until_released = s.held_looks > 0;
+  const std::optional<ReaderRole::Held> role = take_role(until_released);
+  if (!role) {
+    if (handed_back) reader_wanted_.store(true);  // at the release, or the next look
+    if (until_released) {
+      s.held_looks = 0;
+      s.timeout_ms = -1;
+      doorbells_seen_ = doorbells_taken_.load();
+    } else {
+      ++s.held_looks;
+      look_later();
+    }
+    return true;
+  }
+  s.held_looks = 0;
+  s.linger_ms = kLingerMs;
+  s.timeout_ms = -1;
+  Status st;
+  const bool in_place = channel_.frames_in_place();
+  if (in_place) take_doorbells(*role);
+  while (true) {
+    bool progressed = true;
+    while (st.ok() && progressed && !notes_full()) {
+      progressed = false;
+      st = pump(*role, progressed);
+      if (progressed) cv_.notify_all();
+    }
+    // Before sleeping, a frames-in-place reader asks for a doorbell (or
+    // arms its wakeups); bytes that came meanwhile are read first.
+    if (!st.ok() || !in_place || notes_full() || channel_.prepare_sleep()) break;
+  }
+  doorbells_seen_ = doorbells_taken_.load();
+  watch_socket();
+  give_back_role();
+  if (!st.ok()) {
+    fail_reading(st);
+    return end_serving();
+  }
+  progress_sends();  // with the credits just read
+  return true;
+}
+
+// The last turn: delivers what was read before the end, while the queue
+// has room. False, for serve_turn to return.
+bool EndpointImpl::end_serving() {
+  deliver_notes();
+  return false;
+}
+
+// The server's last reference went (server.h): after its last turn, or
+// when the manager's loops or workers stopped first, in which case nothing
+// reads for the endpoint any more and it breaks. close() waits for this.
+void EndpointImpl::served_out() {
+  // (Not kCancelled: that would wait for the channel's writes to drain.)
+  if (!stopping()) break_with(FailedPrecondition("the manager has shut down"));
+  std::lock_guard lock(served_mu_);
+  served_out_ = true;
+  served_cv_.notify_all();  // under the lock: close() may free the endpoint once it sees the flag
 }
 
 }  // namespace rdmabuf

@@ -79,7 +79,7 @@ bool EndpointImpl::look_leanly(StateLock& lock, Pred ready) {
   const Result<bool> took =
       take_frames_in_place(ReaderRole::lean(lock), progressed, lock, Take::kLeanly);
   if (!progressed) return false;
-  role_.count_lead(lock);  // as a lead: the endpoint's thread leaves the channel to the callers
+  role_.count_lead(lock);  // as a lead: the endpoint's server leaves the channel to the callers
   wake_sleepers(lock);
   if (send_work_ready(lock)) {
     lock.unlock();

@@ -7,7 +7,7 @@
 //     hand-off between threads;
 //   - a caller's lean look at a ring (look_leanly), which reads under the
 //     state lock without taking the role: nobody can take it meanwhile;
-//   - the endpoint's thread (serve), when no caller has read lately;
+//   - the endpoint's server (server.h), when no caller has read lately;
 //   - a waiter for notifications (look_for_notes);
 //   - a writer blocked on a full channel (read_while_blocked), so that two
 //     sides that both write more than their channel holds do not wait on
@@ -57,7 +57,7 @@ class ReaderRole {
   }
   // A lean look's proof: the state lock held keeps the role free.
   static Held lean(const StateLock&) { return Held(); }
-  // Gives the role back: true when the endpoint's thread asked to be woken
+  // Gives the role back: true when the endpoint's server asked to be woken
   // then (want()).
   bool release(const StateLock&) {
     reading_ = false;
@@ -67,7 +67,7 @@ class ReaderRole {
     }
     return false;
   }
-  // The endpoint's thread found the role held and sleeps until its release.
+  // The endpoint's server found the role held and sleeps until its release.
   void want(const StateLock&) { wanted_.store(true, std::memory_order_relaxed); }
   // Read without the lock where it only spares a wake-up.
   bool wanted() const { return wanted_.load(std::memory_order_relaxed); }
@@ -92,8 +92,8 @@ class ReaderRole {
   void count_lead(const StateLock&) {
     leads_.store(leads_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
-  // Whether a caller held the role since the endpoint's thread last asked.
-  // The endpoint's thread alone.
+  // Whether a caller held the role since the endpoint's server last asked.
+  // The endpoint's server alone.
   bool led_lately() {
     const uint64_t leads = leads_.load(std::memory_order_relaxed);
     if (leads == leads_seen_) return false;
@@ -107,7 +107,7 @@ class ReaderRole {
   std::atomic<bool> wanted_{false};
   std::atomic<std::thread::id> pumping_{};
   std::atomic<uint64_t> leads_{0};
-  uint64_t leads_seen_ = 0;  // the endpoint's thread alone
+  uint64_t leads_seen_ = 0;  // the endpoint's server alone
 };
 
 }  // namespace rdmabuf::endpoint

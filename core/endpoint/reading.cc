@@ -38,7 +38,7 @@ size_t frames_before_a_message(std::span<const uint8_t> view) {
 // taken. One read per call, so that the caller looks at what it waits for,
 // and wakes the others, between reads even while a fast sender keeps the
 // channel full. Stops early, leaving frames unread, while kMaxPendingNotes
-// notifications wait for the endpoint's thread, and, with
+// notifications wait for the endpoint's server, and, with
 // Take::kUpToAMessage, after the first inline message taken where it lies.
 // The replies the dispatches wrote are held meanwhile and written at the
 // end; inside a blocking write (whose lock this thread holds), by the next

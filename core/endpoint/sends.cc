@@ -6,7 +6,7 @@
 // receive's handle when its credit came without one, then is a one-sided
 // write submitted without waiting, then a kSent frame. Whoever comes by
 // moves posted sends on (progress_sends): a caller posting or waiting, a
-// caller reading the channel, or the endpoint's thread, woken by a write
+// caller reading the channel, or the endpoint's server, woken by a write
 // that finished. Each step is claimed under the state lock (kBusy), so any
 // number of threads may do so at once.
 #include <algorithm>

@@ -154,7 +154,7 @@ void EndpointImpl::read_while_blocked() {
   bool progressed = false;
   Status st = pump(*role, progressed);
   if (progressed) cv_.notify_all();
-  // Replies held back inside a blocking write: the endpoint's thread takes
+  // Replies held back inside a blocking write: the endpoint's server takes
   // the role next and writes them.
   const bool replies_wait = took && !reading_.held_replies.empty();
   if (took) give_back_role();
@@ -164,8 +164,8 @@ void EndpointImpl::read_while_blocked() {
 
 // Holds a receive's credit (its kPosted frame) back, to go out with the
 // next frame written, or by flush(): a wait on this endpoint (as
-// credits_go_when_idle and Credits::due say), or the endpoint's thread
-// (see serve; at once when it sleeps: the caller wakes it). One write then
+// credits_go_when_idle and Credits::due say), or the endpoint's server
+// (see server_look; at once when it sleeps: the caller wakes it). One write then
 // carries, say, a receive's credit and the message that follows it, or
 // several credits. Frames lock held. True at kMostHeldBack bytes: the
 // caller flushes them at once.

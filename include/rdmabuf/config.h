@@ -88,8 +88,9 @@ struct Config {
   // RDMABUF_IO_THREADS. Threads that serve every inbound connection (tcp
   // data, and the owner's side of readers' ibverbs queue pairs), and as
   // many that drive the outbound ones, tcp streams and ibverbs queue pairs
-  // alike (event loops started on the first op over either), however many
-  // peers there are. 0: as many as the cores, within 4..16.
+  // alike, and wait for the endpoints' events (event loops started on the
+  // first op over either, or the first endpoint), however many peers and
+  // endpoints there are. 0: as many as the cores, within 4..16.
   int io_threads = 0;
 
   // RDMABUF_LEND_LIMIT (K/M/G suffixes). Bytes this manager lends at once

@@ -194,7 +194,7 @@ class Endpoint {
   // flight. Posted sends take the peer's receives in the order they were
   // posted. A message of up to 4 KiB goes out at once when the peer has a
   // receive posted; others move on whenever this endpoint is used (a post,
-  // a wait, a receive) or its thread wakes, with no caller needed, and a
+  // a wait, a receive) or its server runs, with no caller needed, and a
   // large message's one-sided write runs meanwhile, bounded by
   // Config::default_timeout. `message` must stay valid and unchanged until
   // the wait returns or the PendingSend is gone. A send whose receive was

@@ -124,7 +124,7 @@ class Manager {
   // spins for Config::busy_poll, reading the endpoints' channels itself
   // when no other thread does (the notification frames of writes over
   // memory and TCP reach it with no hand-over between threads), then
-  // sleeps while the endpoints' threads read.
+  // sleeps while the endpoints' servers read.
   Result<Notification> next_notification(std::chrono::milliseconds timeout);
   // Hands notifications to `handler` instead of queueing them (empty: queue
   // again). It runs on a library thread (an endpoint's, or over ibverbs the

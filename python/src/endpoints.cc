@@ -72,7 +72,7 @@ class PyEndpoint {
       endpoint_.reset();
       return;
     }
-    py::gil_scoped_release nogil;  // closing joins the endpoint's threads
+    py::gil_scoped_release nogil;  // closing waits for the endpoint's server and lease keeper
     endpoint_.reset();
   }
 
@@ -198,7 +198,8 @@ class PyPending {
 
   ~PyPending() {
     if (generation_ != fork_generation()) {
-      (void)new Pending(std::move(pending_));  // its endpoint's threads are in the parent: leak it
+      (void)new Pending(
+          std::move(pending_));  // its endpoint's server and workers are in the parent: leak it
       return;
     }
     if (interpreter_finalizing()) {

@@ -25,6 +25,7 @@
 #include "core/endpoint/shm_channel.h"
 #include "core/registry.h"
 #include "rdmabuf/rdmabuf.h"
+#include "tests/conformance/endpoint_pair.h"
 #include "tests/conformance/fixture.h"
 #include "tests/helpers/backend_detail.h"
 #include "tests/helpers/forge.h"
@@ -43,27 +44,6 @@ using testing::fill_pattern;
 using testing::find_mismatch;
 using testing::find_not;
 using testing::ScopedIgnoreReads;
-
-struct EndpointPair {
-  std::unique_ptr<Endpoint> receiver;  // on the owner's manager
-  std::unique_ptr<Endpoint> sender;    // on the reader's manager
-};
-
-EndpointPair connect_endpoints(Manager& receiving, Manager& sending) {
-  EndpointPair pair;
-  auto listener = receiving.listen("127.0.0.1:0");
-  EXPECT_TRUE(listener.ok()) << listener.status().to_string();
-  if (!listener.ok()) return pair;
-  auto connecting = std::async(std::launch::async,
-                               [&] { return sending.connect((*listener)->address(), kTimeout); });
-  auto accepted = (*listener)->accept(kTimeout);
-  auto connected = connecting.get();
-  EXPECT_TRUE(accepted.ok()) << accepted.status().to_string();
-  EXPECT_TRUE(connected.ok()) << connected.status().to_string();
-  if (accepted.ok()) pair.receiver = std::move(accepted).value();
-  if (connected.ok()) pair.sender = std::move(connected).value();
-  return pair;
-}
 
 TEST_P(ConformanceTest, EndpointMessagesKeepBoundariesAndOrder) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
@@ -524,7 +504,7 @@ TEST_P(ConformanceTest, EndpointAbandonedReceiveTakesNoBytesAndTheNextGetsTheMes
 // receive or nowhere, whole or not at all. Rounds with different delays,
 // so that the abandonment comes before, during and after the message;
 // the later ones wait milliseconds, since a receive's credit may wait that
-// long for the endpoint's thread (and, over TCP, a write that takes the
+// long for the endpoint's server (and, over TCP, a write that takes the
 // registered receive lasts about as long). A release skipped on abandon
 // failed the tcp run 3 times in 4 this way, and never with 10 rounds of
 // at most 1.8 ms.
@@ -646,7 +626,7 @@ long context_switches() {
 }
 
 // A receive that waits long holds the reader role throughout: the
-// endpoint's thread sleeps until the wait ends, rather than looking every
+// endpoint's server sleeps until the wait ends, rather than looking every
 // few milliseconds (125 times a second: what each idle endpoint of a
 // server cost), and reads again once it has: a notification right after
 // is delivered, and a lend request, which only that thread is there to
@@ -674,7 +654,7 @@ TEST_P(ConformanceTest, EndpointLongWaitWakesNoThreadAndReadingGoesOnAfter) {
   ASSERT_TRUE(lease.ok()) << "the lend request was not read: " << lease.status().to_string();
 }
 
-// While callers keep reading, the endpoint's thread looks less and less
+// While callers keep reading, the endpoint's server looks less and less
 // often (up to every 8 ms); once they stop, it still reads what no call
 // waits for: a notification and a lend request right after a busy stretch.
 TEST_P(ConformanceTest, EndpointFramesNoCallWaitsForAreReadAfterABusyStretch) {
@@ -758,7 +738,7 @@ TEST_P(ConformanceTest, EndpointSendWaitsForTheReceiverToPostAReceive) {
 // A receive's credit may be held back to travel with the receiver's next
 // frame, but never until the receiver next calls: posted and left alone,
 // receives take messages sent with a short timeout. Twice: with the
-// endpoint's thread asleep, and just after the receiver's own thread read
+// endpoint's server asleep, and just after the receiver's own thread read
 // (when that thread leaves the reading to callers for a while).
 TEST_P(ConformanceTest, EndpointCreditsReachTheSenderWhileTheReceiverDoesNotCall) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
@@ -950,10 +930,10 @@ TEST_P(ConformanceTest, EndpointNotificationsQueueInOrderAndRefuseForeignBuffers
 
 // A waiter in next_notification that spins reads the endpoints' channels
 // itself (NoticeTaker::look_for_notes), and hands the reading back to the
-// endpoints' threads when it goes to sleep. Either way every notification
+// endpoints' servers when it goes to sleep. Either way every notification
 // comes once, in order: in a ping-pong of tagged writes (the waiter finds
 // each), and after pauses past the busy-poll window (it sleeps, and the
-// endpoint's thread reads), with a message stream through the same
+// endpoint's server reads), with a message stream through the same
 // endpoint meanwhile (frames the look takes for a caller's receives).
 TEST_P(ConformanceTest, EndpointNotificationsFoundByALookingWaiterComeOnceInOrder) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
@@ -1000,7 +980,7 @@ TEST_P(ConformanceTest, EndpointNotificationsFoundByALookingWaiterComeOnceInOrde
   EXPECT_EQ(owner_->next_notification(50ms).status().code(), StatusCode::kDeadlineExceeded);
 }
 
-// A handler runs on an endpoint's thread (or a backend's), never inside a
+// A handler runs on an endpoint's server (or a backend's), never inside a
 // caller's call: not in a next_notification that spins meanwhile (which
 // does not read the channels while a handler is set, and would not hand
 // what it read to the handler).
@@ -1046,7 +1026,7 @@ TEST_P(ConformanceTest, EndpointNotificationHandlerNeverRunsInALookingWaitersCal
 // at their channels: a close waits for a look under way, and a look never
 // touches an endpoint that has gone (the sanitizers' builds check that).
 // A frame that needs an answer (a lend request) read by a look is answered
-// all the same: a look writes nothing, the endpoint's thread does.
+// all the same: a look writes nothing, the endpoint's server does.
 TEST_P(ConformanceTest, EndpointsCloseWhileAWaiterLooksAtThem) {
   std::atomic<int> found{0};
   // A jthread: an assertion that returns early still stops and joins it.
@@ -1206,13 +1186,13 @@ TEST_P(ConformanceTest, EndpointLentMemoryIsUsableUntilItsLeaseEnds) {
 TEST_P(ConformanceTest, EndpointLeaseKeeperStartsWithTheFirstLoan) {
   auto [lender, borrower] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(lender && borrower);
-  const int before = testing::threads_of();
+  EXPECT_EQ(testing::threads_named("rdmabuf-leases"), 0) << "no lease keeper before a loan";
   auto lease = borrower->request_remote_buffer(4096, 10s, kTimeout);
   ASSERT_TRUE(lease.ok()) << lease.status().to_string();
-  EXPECT_EQ(testing::threads_of(), before + 1) << "the lender's lease keeper, and nothing else";
+  EXPECT_EQ(testing::threads_named("rdmabuf-leases"), 1) << "the lender's lease keeper";
   auto again = borrower->request_remote_buffer(4096, 10s, kTimeout);
   ASSERT_TRUE(again.ok()) << again.status().to_string();
-  EXPECT_EQ(testing::threads_of(), before + 1) << "one lease keeper for every loan";
+  EXPECT_EQ(testing::threads_named("rdmabuf-leases"), 1) << "one lease keeper for every loan";
 }
 
 TEST_P(ConformanceTest, EndpointLentMemoryComesBackWithWhatWasWritten) {

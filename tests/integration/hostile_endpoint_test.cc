@@ -61,7 +61,7 @@ class HostileEndpointTest : public ::testing::Test {
     pending = std::move(posted).value();
     RawFrame type{};
     std::vector<uint8_t> payload;
-    // The credit goes out within about a millisecond (the endpoint's thread
+    // The credit goes out within about a millisecond (the endpoint's server
     // flushes what was held back).
     EXPECT_TRUE(raw.read_frame(type, payload, kFrameWait)) << "no credit came";
     EXPECT_EQ(type, RawFrame::kPosted);
@@ -462,7 +462,7 @@ TEST_F(HostileEndpointTest, RequestsFromAPeerThatHasGoneEndTheEndpointWithoutHan
     ASSERT_TRUE(raw->send(requests));
     raw->close();  // usually before the endpoint reads the requests
     std::this_thread::sleep_for(50ms);
-    // Closing joins the endpoint's thread. On a thread of its own, so that
+    // Closing waits for the endpoint's server. On a thread of its own, so that
     // a hang fails the test instead of stopping it.
     auto done = std::make_shared<std::promise<void>>();
     auto closed = done->get_future();
@@ -516,7 +516,7 @@ TEST_F(HostileEndpointTest, LoansAskedForAsTheEndpointClosesAreAllReclaimed) {
     std::vector<uint8_t> reply;
     ASSERT_TRUE(raw->read_frame(type, reply, kFrameWait)) << "no answer to the first loan";
     ASSERT_EQ(type, RawFrame::kLent);
-    endpoint->close();  // while the endpoint's thread answers the others
+    endpoint->close();  // while the endpoint's server answers the others
     endpoint.reset();
     ASSERT_EQ(manager_->registered_count(), baseline_registered_)
         << "memory lent as the endpoint closed stayed registered";

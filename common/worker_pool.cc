@@ -1,0 +1,92 @@
+#include "common/worker_pool.h"
+
+#include <pthread.h>
+
+#include <utility>
+
+namespace rdmabuf {
+
+WorkerPool::WorkerPool(std::string thread_name, int most_threads,
+                       std::chrono::milliseconds idle_end)
+    : thread_name_(std::move(thread_name)),
+      most_threads_(most_threads < 1 ? 1 : most_threads),
+      idle_end_(idle_end) {}
+
+WorkerPool::~WorkerPool() {
+  stop();
+}
+
+bool WorkerPool::run(std::function<void()> job) {
+  join_ended();
+  std::lock_guard lock(mu_);
+  if (stopping_) return false;
+  jobs_.push_back(std::move(job));
+  // An idle thread takes it, unless the jobs queued already use them all.
+  if (static_cast<int>(jobs_.size()) <= idle_) {
+    has_job_.notify_one();
+    return true;
+  }
+  if (static_cast<int>(running_.size()) < most_threads_) {
+    std::thread t([this] { work(); });
+    // Named here, so that it has its name before the job runs.
+    pthread_setname_np(t.native_handle(), thread_name_.substr(0, 15).c_str());
+    const std::thread::id id = t.get_id();
+    running_.emplace(id, std::move(t));
+  }
+  return true;  // a busy thread takes it next
+}
+
+int WorkerPool::threads() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int>(running_.size());
+}
+
+void WorkerPool::stop() {
+  {
+    std::unique_lock lock(mu_);
+    stopping_ = true;
+    has_job_.notify_all();
+    all_ended_.wait(lock, [&] { return running_.empty(); });
+  }
+  join_ended();
+}
+
+void WorkerPool::join_ended() {
+  std::vector<std::thread> ended;
+  {
+    std::lock_guard lock(mu_);
+    if (ended_.empty()) return;
+    ended.swap(ended_);
+  }
+  for (std::thread& t : ended)
+    t.join();
+}
+
+void WorkerPool::work() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    if (!jobs_.empty()) {
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      job = nullptr;  // what it holds goes before the pool's lock is taken
+      lock.lock();
+      continue;
+    }
+    if (stopping_) break;
+    ++idle_;
+    const bool woken =
+        has_job_.wait_for(lock, idle_end_, [&] { return !jobs_.empty() || stopping_; });
+    --idle_;
+    if (!woken) break;  // idle for idle_end_
+  }
+  // (running_ holds this thread until now: run() may start none meanwhile
+  // while the queued jobs wait for it.)
+  auto self = running_.find(std::this_thread::get_id());
+  ended_.push_back(std::move(self->second));
+  running_.erase(self);
+  if (running_.empty()) all_ended_.notify_all();
+}
+
+}  // namespace rdmabuf
