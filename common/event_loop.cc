@@ -171,6 +171,11 @@ void EventLoop::run() {
     }
     if (n == 0 && spinning && !has_kicks()) sched_yield();
   }
+  // Lets go of the tasks still watched or timed here, on the loop's own
+  // thread: a stop() from a task's run (which cannot join) ends them too.
+  watched_.clear();
+  timers_.clear();
+  timer_of_.clear();
 }
 
 namespace {
@@ -213,9 +218,6 @@ void EventLoop::stop() {
   // down): the loop ends after this run; it cannot be joined from inside.
   if (on_loop_thread()) return;
   if (thread_.joinable()) thread_.join();
-  watched_.clear();
-  timers_.clear();
-  timer_of_.clear();
 }
 
 Result<std::unique_ptr<EventLoops>> EventLoops::create(int threads,

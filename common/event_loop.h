@@ -82,10 +82,11 @@ class EventLoop {
   // once the loop has ended, returns at once.
   void drain();
 
-  // Runs what was kicked before, joins the thread and lets go of every
-  // task; later kicks are dropped. Tasks must have closed what they watch
-  // (their own stop signal). On the loop's own thread it only asks the
-  // loop to end after the current run (the destructor joins it).
+  // Runs what was kicked before, joins the thread; later kicks are
+  // dropped. The loop's thread lets go of every task as it ends, without
+  // a run for those that only watch or wait for a time. On the loop's own
+  // thread it only asks the loop to end after the current run (the
+  // destructor joins it).
   void stop();
 
  private:

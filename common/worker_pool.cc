@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <system_error>
 #include <utility>
 
 namespace rdmabuf {
@@ -27,7 +28,14 @@ bool WorkerPool::run(std::function<void()> job) {
     return true;
   }
   if (static_cast<int>(running_.size()) < most_threads_) {
-    std::thread t([this] { work(); });
+    std::thread t;
+    try {
+      t = std::thread([this] { work(); });
+    } catch (const std::system_error&) {   // out of threads (EAGAIN)
+      if (!running_.empty()) return true;  // a busy thread takes it later
+      jobs_.pop_back();
+      return false;
+    }
     // Named here, so that it has its name before the job runs.
     pthread_setname_np(t.native_handle(), thread_name_.substr(0, 15).c_str());
     const std::thread::id id = t.get_id();

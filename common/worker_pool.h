@@ -28,7 +28,8 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   // Runs `job` on a pool thread soon; false, and never runs it, once
-  // stopped.
+  // stopped, or when no thread runs and none can start (the process is out
+  // of threads).
   bool run(std::function<void()> job);
   // Threads running now, busy or idle.
   int threads() const;
@@ -47,7 +48,7 @@ class WorkerPool {
 
   mutable std::mutex mu_;              // guards everything below
   std::condition_variable has_job_;    // jobs_ is not empty, or stopping_
-  std::condition_variable all_ended_;  // threads_ reached 0 while stopping_
+  std::condition_variable all_ended_;  // running_ became empty (stop() waits for it)
   std::deque<std::function<void()>> jobs_;
   std::unordered_map<std::thread::id, std::thread> running_;  // by the thread's own id
   std::vector<std::thread> ended_;  // left work(): for whoever comes next to join

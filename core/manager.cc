@@ -46,7 +46,14 @@ bool is_wildcard(const std::string& host) {
 class ManagerImpl final : public OpRouter, public NoticeSink, public endpoint::EndpointHost {
  public:
   static Result<std::unique_ptr<ManagerImpl>> create(const Config& config);
-  ~ManagerImpl() override { shutdown(); }
+  ~ManagerImpl() override {
+    shutdown();
+    // Before any member goes: a shutdown() from a loop's own thread left
+    // that loop to end by itself (its last runs may start server turns),
+    // and the workers' turns use the members below.
+    loops_.stop();
+    endpoint_workers_.stop();
+  }
 
   const Config& config() const override { return config_; }
   const PeerIdentity& identity() const override { return identity_; }

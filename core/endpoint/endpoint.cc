@@ -1,8 +1,11 @@
 // The endpoint's life (creation, closing, breaking), its calls that pass
 // handles and tagged writes, and the public Endpoint, PendingReceive and
 // PendingSend (rdmabuf/endpoint.h), which forward to EndpointImpl.
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+
+#include <cstdlib>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -66,11 +69,15 @@ EndpointImpl::EndpointImpl(endpoint::EndpointHost& host, Fd fd, FrameChannel::Ki
 
 Status EndpointImpl::start_serving() {
   RDMABUF_ASSIGN_OR_RETURN(EventLoop * loop, host_.endpoint_loop());
+  Fd events(::fcntl(events_.get(), F_DUPFD_CLOEXEC, 0));  // the server's own
+  if (!events.valid()) return ResourceExhausted("dup: " + errno_text(errno));
   served_out_ = false;  // before the loop can run the server
-  if (!EndpointServer::start(*this, *loop, host_.endpoint_workers())) {
+  server_link_ = EndpointServer::start(*this, std::move(events), *loop, host_.endpoint_workers());
+  if (!server_link_) {
     served_out_ = true;
     return Cancelled("the manager is shutting down");
   }
+  server_loop_ = loop;
   return Status::Ok();
 }
 
@@ -108,6 +115,16 @@ Result<std::unique_ptr<EndpointImpl>> EndpointImpl::create(endpoint::EndpointHos
 
 EndpointImpl::~EndpointImpl() {
   close(Cancelled("the endpoint was closed"));
+  if (!server_link_) return;
+  if (EndpointServer::serving(this)) {
+    // Its own server's step (a notification handler) is on this stack.
+    RDMABUF_LOG_ERROR("an endpoint was destroyed from its own notification handler");
+    std::abort();
+  }
+  // A step under way (only where close() did not wait for the last one)
+  // ends first; later ones find the endpoint gone.
+  std::lock_guard lock(server_link_->mu);
+  server_link_->endpoint = nullptr;
 }
 
 void EndpointImpl::close(const Status& why) {
@@ -122,8 +139,12 @@ void EndpointImpl::close(const Status& why) {
       joined_ = true;
       lease_keeper.swap(lease_keeper_);
     }
-    {
-      // Broken, the server's next step is its last (its stop_ watch fired).
+    // Broken, the server soon takes its last turn (its stop_ watch fired),
+    // which delivers what was read before. Not waited for where it could not
+    // come: inside one of its steps (a handler closing its endpoint), or on
+    // its loop's thread (a transfer's on_done); the destructor then cuts
+    // the server off instead, and what it read but did not deliver is lost.
+    if (!EndpointServer::serving(this) && !(server_loop_ && server_loop_->on_loop_thread())) {
       std::unique_lock served(served_mu_);
       served_cv_.wait(served, [&] { return served_out_; });
     }

@@ -394,8 +394,11 @@ class EndpointImpl final : public NoticeTaker {
     int linger_ms = kLingerMs;  // the next look's, while callers read
     int held_looks = 0;         // looks in a row that found the role held (serve_turn)
   } server_;
-  // Whether the server is gone (served_out), under served_mu_; true until
-  // it starts. close() waits for it.
+  // The server's link and loop (start_serving); whether it takes no more
+  // steps (served_out), under served_mu_, true until it starts: close()
+  // waits for it.
+  std::shared_ptr<ServerLink> server_link_;
+  EventLoop* server_loop_ = nullptr;
   std::mutex served_mu_;
   std::condition_variable served_cv_;
   bool served_out_ = true;

@@ -91,7 +91,7 @@ void EndpointImpl::looks_ended() {
 
 // A looking waiter's (look_for_notes): hands notes_ to the manager's queue
 // in order, without waiting; what it cannot hand over (a handler is set,
-// the queue is full, the endpoint's server is delivering), that thread
+// the queue is full, the endpoint's server is delivering), the server
 // delivers, woken.
 void EndpointImpl::hand_over_notes() {
   std::unique_lock delivering(deliver_mu_, std::try_to_lock);

@@ -296,8 +296,8 @@ bool EndpointImpl::end_serving() {
   return false;
 }
 
-// The server's last reference went (server.h): after its last turn, or
-// when the manager's loops or workers stopped first, in which case nothing
+// The server takes no more steps (server.h): after its last turn, or when
+// the manager's loops or workers stopped first, in which case nothing
 // reads for the endpoint any more and it breaks. close() waits for this.
 void EndpointImpl::served_out() {
   // (Not kCancelled: that would wait for the channel's writes to drain.)

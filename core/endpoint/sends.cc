@@ -307,7 +307,7 @@ void EndpointImpl::write_finished(uint64_t id) {
   }
   cv_.notify_all();
   // A caller reading the channel may be asleep on it; so may the endpoint's
-  // thread. Either moves the send on. With no caller reading, the thread is
+  // server. Either moves the send on. With no caller reading, the server is
   // woken even between its looks (up to kMostLinger apart): the peer waits
   // for this send's kSent. Not while it waits for the reading caller to
   // give the role back: that caller moves it on.

@@ -8,49 +8,82 @@
 #include "core/endpoint/endpoint_impl.h"
 
 namespace rdmabuf {
+namespace {
 
-bool EndpointServer::start(EndpointImpl& endpoint, EventLoop& loop, WorkerPool& workers) {
-  return loop.kick(std::make_shared<EndpointServer>(endpoint, loop, workers));
+// The endpoint whose server's step this thread runs.
+thread_local const EndpointImpl* t_serving = nullptr;
+
+}  // namespace
+
+std::shared_ptr<ServerLink> EndpointServer::start(EndpointImpl& endpoint, Fd events,
+                                                  EventLoop& loop, WorkerPool& workers) {
+  auto link = std::make_shared<ServerLink>(&endpoint);
+  auto server = std::make_shared<EndpointServer>(link, std::move(events), loop, workers);
+  if (!loop.kick(server)) {
+    link->endpoint = nullptr;  // the server goes with this call, and tells no one
+    return nullptr;
+  }
+  return link;
+}
+
+bool EndpointServer::serving(const EndpointImpl* endpoint) {
+  return t_serving == endpoint;
 }
 
 EndpointServer::~EndpointServer() {
-  endpoint_.served_out();
+  // Let go of without a last step (its loop or the pool stopped first).
+  std::lock_guard lock(link_->mu);
+  if (link_->endpoint != nullptr) tell_done(*link_->endpoint);
+}
+
+void EndpointServer::tell_done(EndpointImpl& endpoint) {
+  if (told_) return;
+  told_ = true;
+  endpoint.served_out();
 }
 
 void EndpointServer::on_run(EventLoop& loop) {
+  std::unique_lock lock(link_->mu);
+  EndpointImpl* endpoint = link_->endpoint;
+  if (endpoint == nullptr) {  // gone: let go of the loop (no watch, no time)
+    if (watching_) loop.unwatch(events_.get());
+    watching_ = false;
+    loop.quiet();
+    return;
+  }
   if (in_turn_) {  // the only kick while a worker has it: its turn ended
     in_turn_ = false;
     loop.quiet();  // re-arming a wait is no activity to spin after
-    wait(loop);
+    wait(loop, *endpoint);
     return;
   }
   epoll_event events[4];
-  int woken = ::epoll_wait(endpoint_.server_events(), events, 4, 0);
+  int woken = ::epoll_wait(events_.get(), events, 4, 0);
   if (woken < 0 && errno == EINTR) woken = 0;
-  if (woken == 0 && Clock::now() < look_at_ && look_at_ != Deadline::max()) {
+  if (woken == 0 && look_at_ != Deadline::max() && Clock::now() < look_at_) {
     loop.wake_at(shared_from_this(), look_at_);  // early: the look's time has not come
     loop.quiet();
     return;
   }
   if (woken == 0 && look_at_ == Deadline::max()) {
-    loop.quiet();  // nothing came after all (another waiter took it): wait on
+    loop.quiet();  // nothing came after all: wait on
     return;
   }
-  after_wait(loop, woken);
+  after_wait(loop, *endpoint, woken);
 }
 
-void EndpointServer::wait(EventLoop& loop) {
-  const int ms = endpoint_.server_wait();
+void EndpointServer::wait(EventLoop& loop, EndpointImpl& endpoint) {
+  const int ms = endpoint.server_wait();
   if (ms == EndpointImpl::kNoWait) {
     look_at_ = Deadline::max();
-    after_wait(loop, 0);
+    after_wait(loop, endpoint, 0);
     return;
   }
   if (!watching_) {
-    Status watched = loop.watch(shared_from_this(), endpoint_.server_events(), EPOLLIN);
+    Status watched = loop.watch(shared_from_this(), events_.get(), EPOLLIN);
     if (!watched.ok()) {
       RDMABUF_LOG_ERROR("endpoint: " + watched.to_string());
-      after_wait(loop, -1);
+      after_wait(loop, endpoint, -1);
       return;
     }
     watching_ = true;
@@ -59,28 +92,40 @@ void EndpointServer::wait(EventLoop& loop) {
   loop.wake_at(shared_from_this(), look_at_);
 }
 
-void EndpointServer::after_wait(EventLoop& loop, int woken) {
-  const ServerLook look = woken < 0 ? ServerLook::kFailed : endpoint_.server_look(woken);
+void EndpointServer::after_wait(EventLoop& loop, EndpointImpl& endpoint, int woken) {
+  const ServerLook look = woken < 0 ? ServerLook::kFailed : endpoint.server_look(woken);
   if (look == ServerLook::kDone) {
     loop.quiet();
-    wait(loop);
+    wait(loop, endpoint);
     return;
   }
   // The rest may block: on a worker, while the loop neither watches (the
   // set stays readable until the turn takes what came) nor times.
   if (watching_) {
-    loop.unwatch(endpoint_.server_events());
+    loop.unwatch(events_.get());
     watching_ = false;
   }
   look_at_ = Deadline::max();
   in_turn_ = true;
-  // A pool that stopped drops the job, and with it this server.
+  // A pool that stopped drops the job; this server then goes with the
+  // loop's reference, and tells the endpoint.
   workers_.run([self = shared_from_this(), look] { self->take_turn(look); });
 }
 
 void EndpointServer::take_turn(ServerLook look) {
-  if (!endpoint_.serve_turn(look)) return;  // ended: the last reference goes with this job
-  loop_.kick(shared_from_this());           // false once the loop ended: so does this server
+  {
+    std::lock_guard lock(link_->mu);
+    EndpointImpl* endpoint = link_->endpoint;
+    if (endpoint == nullptr) return;
+    t_serving = endpoint;
+    const bool go_on = endpoint->serve_turn(look);
+    t_serving = nullptr;
+    if (!go_on) {
+      tell_done(*endpoint);
+      return;
+    }
+  }
+  loop_.kick(shared_from_this());  // false once the loop ended: this job's reference was the last
 }
 
 }  // namespace rdmabuf

@@ -127,8 +127,8 @@ class Manager {
   // sleeps while the endpoints' servers read.
   Result<Notification> next_notification(std::chrono::milliseconds timeout);
   // Hands notifications to `handler` instead of queueing them (empty: queue
-  // again). It runs on a library thread (an endpoint's, or over ibverbs the
-  // manager's notice thread), one notification at a time per peer (over
+  // again). It runs on a library thread (an endpoint worker, or over
+  // ibverbs the manager's notice thread), one notification at a time per peer (over
   // ibverbs, one at a time for all peers): keep it short; while it runs,
   // the later notifications, and their writers, wait.
   void set_notification_handler(std::function<void(const Notification&)> handler);

@@ -103,5 +103,51 @@ TEST_P(ConformanceTest, ANotificationHandlerThatWaitsHoldsUpNoOtherEndpoint) {
   owner_->set_notification_handler({});
 }
 
+// A transfer's on_done runs on the loop that also serves endpoints (one
+// loop here): an endpoint destroyed there must not wait for that loop.
+TEST_P(ConformanceTest, AnEndpointDestroyedInATransfersCallbackGoesAtOnce) {
+  reader_ = make([](Config& c) { c.io_threads = 1; });
+  EndpointPair pair = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(pair.receiver && pair.sender);
+  Owned source = own(4096, 3);
+  LocalMemory into = allocate(4096);
+  std::promise<void> gone;
+  Transfer t = reader_->submit(one(Op::read(source.handle, into)), kTimeout, [&] {
+    pair.sender.reset();
+    gone.set_value();
+  });
+  ASSERT_EQ(gone.get_future().wait_for(kTimeout), std::future_status::ready);
+  EXPECT_TRUE(t.wait().ok());
+  // Its peer sees it go.
+  LocalMemory message = allocate(64);
+  EXPECT_FALSE(pair.receiver->receive(message, kTimeout).ok());
+}
+
+// A manager shut down from a transfer's on_done (on its loop's thread):
+// its endpoints break, and close without waiting for that loop.
+TEST_P(ConformanceTest, AnEndpointOfAManagerShutDownInACallbackBreaksAndCloses) {
+  reader_ = make([](Config& c) { c.io_threads = 1; });
+  EndpointPair pair = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(pair.receiver && pair.sender);
+  Owned source = own(4096, 3);
+  LocalMemory into = allocate(4096);
+  std::promise<void> shut;
+  Transfer t = reader_->submit(one(Op::read(source.handle, into)), kTimeout, [&] {
+    reader_->shutdown();
+    shut.set_value();
+  });
+  ASSERT_EQ(shut.get_future().wait_for(kTimeout), std::future_status::ready);
+  t.wait().ignore();
+  LocalMemory message = allocate(64);
+  const auto until = Clock::now() + kTimeout;
+  Status sent;
+  do {  // broken once its loop has let its server go
+    sent = pair.sender->send(message, 100ms);
+  } while (sent.code() == StatusCode::kDeadlineExceeded && Clock::now() < until);
+  EXPECT_EQ(sent.code(), StatusCode::kFailedPrecondition) << sent.to_string();
+  pair.sender->close();
+  pair.sender.reset();
+}
+
 }  // namespace
 }  // namespace rdmabuf::conformance
