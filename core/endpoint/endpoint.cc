@@ -123,8 +123,7 @@ EndpointImpl::~EndpointImpl() {
   }
   // A step under way (only where close() did not wait for the last one)
   // ends first; later ones find the endpoint gone.
-  std::lock_guard lock(server_link_->mu);
-  server_link_->endpoint = nullptr;
+  EndpointServer::cut(*server_link_);
 }
 
 void EndpointImpl::close(const Status& why) {

@@ -19,11 +19,22 @@ std::shared_ptr<ServerLink> EndpointServer::start(EndpointImpl& endpoint, Fd eve
                                                   EventLoop& loop, WorkerPool& workers) {
   auto link = std::make_shared<ServerLink>(&endpoint);
   auto server = std::make_shared<EndpointServer>(link, std::move(events), loop, workers);
+  link->server = server;
   if (!loop.kick(server)) {
     link->endpoint = nullptr;  // the server goes with this call, and tells no one
     return nullptr;
   }
   return link;
+}
+
+void EndpointServer::cut(ServerLink& link) {
+  std::shared_ptr<EndpointServer> server;
+  {
+    std::lock_guard lock(link.mu);
+    link.endpoint = nullptr;
+    server = link.server.lock();
+  }
+  if (server) server->loop_.kick(server);  // its next run finds the link cut
 }
 
 bool EndpointServer::serving(const EndpointImpl* endpoint) {

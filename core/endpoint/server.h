@@ -28,6 +28,7 @@
 namespace rdmabuf {
 
 class EndpointImpl;
+class EndpointServer;
 
 // What a wait's end calls for (EndpointImpl::server_look).
 enum class ServerLook {
@@ -44,7 +45,8 @@ enum class ServerLook {
 struct ServerLink {
   explicit ServerLink(EndpointImpl* e) : endpoint(e) {}
   std::mutex mu;
-  EndpointImpl* endpoint;  // null once the endpoint is gone
+  EndpointImpl* endpoint;                // null once the endpoint is gone
+  std::weak_ptr<EndpointServer> server;  // set once, before the server runs
 };
 
 class EndpointServer final : public LoopTask, public std::enable_shared_from_this<EndpointServer> {
@@ -58,6 +60,10 @@ class EndpointServer final : public LoopTask, public std::enable_shared_from_thi
   // (EndpointImpl::served_out) while the link holds it.
   static std::shared_ptr<ServerLink> start(EndpointImpl& endpoint, Fd events, EventLoop& loop,
                                            WorkerPool& workers);
+  // For the endpoint's destruction: clears the link (after the step under
+  // way, if any), and has the server let go of its loop at once (the
+  // endpoint's descriptors close, so its events may never come).
+  static void cut(ServerLink& link);
   // Whether the calling thread is inside a step of `endpoint`'s server (a
   // notification handler, say).
   static bool serving(const EndpointImpl* endpoint);
