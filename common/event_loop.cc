@@ -16,6 +16,9 @@ namespace {
 // Events taken from the kernel per epoll_wait.
 constexpr int kEventsPerWait = 64;
 
+// Set for the life of a loop's thread.
+thread_local bool t_on_a_loop = false;
+
 }  // namespace
 
 Result<std::unique_ptr<EventLoop>> EventLoop::create(std::chrono::microseconds busy_poll) {
@@ -128,8 +131,13 @@ int EventLoop::sleep_ms() const {
   return poll_timeout_ms(timers_.empty() ? Deadline::max() : timers_.begin()->first);
 }
 
+bool EventLoop::on_a_loop_thread() {
+  return t_on_a_loop;
+}
+
 void EventLoop::run() {
   pthread_setname_np(pthread_self(), "rdmabuf-loop");
+  t_on_a_loop = true;
   Clock::time_point active = Clock::now();
   epoll_event events[kEventsPerWait];
   for (;;) {

@@ -65,6 +65,9 @@ class EventLoop {
   std::span<uint8_t> scratch() { return {scratch_.get(), kScratchBytes}; }
   // Whether the calling thread is this loop's.
   bool on_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Whether the calling thread is any loop's (a task's run, or a callback
+  // from one): it must not wait for another loop's work.
+  static bool on_a_loop_thread();
   // Whether a task was kicked since the loop last ran the kicked ones: a
   // task that spins a while (polling memory a device writes) yields the
   // loop when this turns true. Any thread.

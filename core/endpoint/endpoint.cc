@@ -67,21 +67,22 @@ EndpointImpl::EndpointImpl(endpoint::EndpointHost& host, Fd fd, FrameChannel::Ki
   host_.notice_routes().add(notice_key_, this);
 }
 
-Status EndpointImpl::start_serving() {
-  RDMABUF_ASSIGN_OR_RETURN(EventLoop * loop, host_.endpoint_loop());
-  Fd events(::fcntl(events_.get(), F_DUPFD_CLOEXEC, 0));  // the server's own
+Status EndpointImpl::start_serving(const std::shared_ptr<EndpointImpl>& endpoint) {
+  RDMABUF_ASSIGN_OR_RETURN(EventLoop * loop, endpoint->host_.endpoint_loop());
+  Fd events(::fcntl(endpoint->events_.get(), F_DUPFD_CLOEXEC, 0));  // the server's own
   if (!events.valid()) return ResourceExhausted("dup: " + errno_text(errno));
-  served_out_ = false;  // before the loop can run the server
-  server_link_ = EndpointServer::start(*this, std::move(events), *loop, host_.endpoint_workers());
-  if (!server_link_) {
-    served_out_ = true;
+  endpoint->served_out_ = false;  // before the loop can run the server
+  std::shared_ptr<EndpointServer> server =
+      EndpointServer::start(endpoint, std::move(events), *loop, endpoint->host_.endpoint_workers());
+  if (!server) {
+    endpoint->served_out_ = true;
     return Cancelled("the manager is shutting down");
   }
-  server_loop_ = loop;
+  endpoint->server_task_ = server;
   return Status::Ok();
 }
 
-Result<std::unique_ptr<EndpointImpl>> EndpointImpl::create(endpoint::EndpointHost& host, Fd fd,
+Result<std::shared_ptr<EndpointImpl>> EndpointImpl::create(endpoint::EndpointHost& host, Fd fd,
                                                            endpoint::ChannelChoice choice,
                                                            std::string peer,
                                                            const endpoint::Hello& mine,
@@ -106,30 +107,35 @@ Result<std::unique_ptr<EndpointImpl>> EndpointImpl::create(endpoint::EndpointHos
   std::string description = std::move(choice.description);
   FrameChannel::Kind kind = kind_of(choice, fd.get());
   const uint64_t stream_limit = stream_limit_for(kind, host);
-  auto endpoint = std::make_unique<EndpointImpl>(
+  auto endpoint = std::make_shared<EndpointImpl>(
       host, std::move(fd), std::move(kind), stream_limit, std::move(description), std::move(peer),
       mine, theirs, std::move(stop), std::move(wake), std::move(sends_wake), std::move(events));
-  RDMABUF_RETURN_IF_ERROR(endpoint->start_serving());
+  RDMABUF_RETURN_IF_ERROR(start_serving(endpoint));
   return endpoint;
 }
 
+// No step of the server is under way (each holds the endpoint), and none
+// starts: the server lets go of its loop.
 EndpointImpl::~EndpointImpl() {
-  close(Cancelled("the endpoint was closed"));
-  if (!server_link_) return;
-  if (EndpointServer::serving(this)) {
-    // Its own server's step (a notification handler) is on this stack.
-    RDMABUF_LOG_ERROR("an endpoint was destroyed from its own notification handler");
-    std::abort();
-  }
-  // A step under way (only where close() did not wait for the last one)
-  // ends first; later ones find the endpoint gone.
-  EndpointServer::cut(*server_link_);
+  close(Cancelled("the endpoint was closed"), /*wait_for_server=*/false);
+  EndpointServer::release(server_task_);
 }
 
-void EndpointImpl::close(const Status& why) {
+void EndpointImpl::close(const Status& why, bool wait_for_server) {
   host_.notice_routes().remove(notice_key_);  // no notice, and no look, comes in after this
   break_with(why);
   wait_for_looks();  // those under way end: the endpoint is broken
+  // Broken, the server soon takes its last turn (its stop_ watch fired),
+  // which delivers what was read before: waited for with no lock held (a
+  // handler in that turn may close this endpoint too). Not where it might
+  // not come: inside one of the server's steps (a handler closing its own
+  // endpoint), or on any loop's thread (a transfer's on_done; the server's
+  // loop, or another's whose on_done waits for this one). The turn then
+  // still runs later, while the endpoint lives.
+  if (wait_for_server && !EndpointServer::serving(this) && !EventLoop::on_a_loop_thread()) {
+    std::unique_lock served(served_mu_);
+    served_cv_.wait(served, [&] { return served_out_; });
+  }
   {
     std::lock_guard join(join_mu_);  // a second close waits for the first's joins
     std::thread lease_keeper;
@@ -137,15 +143,6 @@ void EndpointImpl::close(const Status& why) {
       std::lock_guard threads(threads_mu_);
       joined_ = true;
       lease_keeper.swap(lease_keeper_);
-    }
-    // Broken, the server soon takes its last turn (its stop_ watch fired),
-    // which delivers what was read before. Not waited for where it could not
-    // come: inside one of its steps (a handler closing its endpoint), or on
-    // its loop's thread (a transfer's on_done); the destructor then cuts
-    // the server off instead, and what it read but did not deliver is lost.
-    if (!EndpointServer::serving(this) && !(server_loop_ && server_loop_->on_loop_thread())) {
-      std::unique_lock served(served_mu_);
-      served_cv_.wait(served, [&] { return served_out_; });
     }
     if (lease_keeper.joinable()) lease_keeper.join();
     // Loans made while no lease keeper ran yet (one starts with the first)
@@ -245,7 +242,7 @@ Result<RemoteBuffer> EndpointImpl::receive_buffer(std::chrono::milliseconds time
 
 // --- Endpoint ---------------------------------------------------------------
 
-Endpoint::Endpoint(std::unique_ptr<EndpointImpl> impl) : impl_(std::move(impl)) {}
+Endpoint::Endpoint(std::shared_ptr<EndpointImpl> impl) : impl_(std::move(impl)) {}
 Endpoint::~Endpoint() {
   close();
 }

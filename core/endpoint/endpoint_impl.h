@@ -98,7 +98,7 @@ class EndpointImpl final : public NoticeTaker {
  public:
   // An endpoint over `fd`, its frames through the channel `choice` the
   // handshake settled; `mine` and `theirs`: the two hellos.
-  static Result<std::unique_ptr<EndpointImpl>> create(endpoint::EndpointHost& host, Fd fd,
+  static Result<std::shared_ptr<EndpointImpl>> create(endpoint::EndpointHost& host, Fd fd,
                                                       endpoint::ChannelChoice choice,
                                                       std::string peer, const endpoint::Hello& mine,
                                                       const endpoint::Hello& theirs);
@@ -107,7 +107,10 @@ class EndpointImpl final : public NoticeTaker {
   const endpoint::EndpointHost& host() const { return host_; }
   const std::string& peer() const { return peer_; }
   const std::string& channel() const { return channel_.describe(); }
-  void close(const Status& why);
+  // Breaks the endpoint with `why` and ends its threads; with
+  // `wait_for_server`, also waits for its server's last turn where that
+  // may be waited for (endpoint.cc).
+  void close(const Status& why, bool wait_for_server = true);
 
   // --- messages (sends.cc, receives.cc) ---
   // Posts `message` (see Endpoint::post_send). `write_timeout` bounds its
@@ -291,7 +294,7 @@ class EndpointImpl final : public NoticeTaker {
   static constexpr int kLingerMs = 1;
   static constexpr int kNoWait = -2;
   // Starts the server on one of the manager's loops (create()).
-  Status start_serving();
+  static Status start_serving(const std::shared_ptr<EndpointImpl>& endpoint);
   int server_events() const { return events_.get(); }
   int server_wait();
   ServerLook server_look(int woken);
@@ -394,11 +397,10 @@ class EndpointImpl final : public NoticeTaker {
     int linger_ms = kLingerMs;  // the next look's, while callers read
     int held_looks = 0;         // looks in a row that found the role held (serve_turn)
   } server_;
-  // The server's link and loop (start_serving); whether it takes no more
-  // steps (served_out), under served_mu_, true until it starts: close()
-  // waits for it.
-  std::shared_ptr<ServerLink> server_link_;
-  EventLoop* server_loop_ = nullptr;
+  // The server (start_serving); whether it takes no more steps
+  // (served_out), under served_mu_, true until it starts: close() waits
+  // for it.
+  std::weak_ptr<EndpointServer> server_task_;
   std::mutex served_mu_;
   std::condition_variable served_cv_;
   bool served_out_ = true;

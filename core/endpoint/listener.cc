@@ -33,7 +33,7 @@ Result<std::unique_ptr<EndpointListener::State>> listen_for_endpoints(EndpointHo
                                                    std::move(stop));
 }
 
-Result<std::unique_ptr<EndpointImpl>> connect_endpoint(EndpointHost& host,
+Result<std::shared_ptr<EndpointImpl>> connect_endpoint(EndpointHost& host,
                                                        const std::string& address,
                                                        std::chrono::milliseconds timeout) {
   const Deadline deadline = Clock::now() + timeout;

@@ -44,7 +44,7 @@ Result<std::unique_ptr<EndpointListener::State>> listen_for_endpoints(EndpointHo
 
 // An endpoint to the listener at `address`, its handshake done within
 // `timeout`.
-Result<std::unique_ptr<EndpointImpl>> connect_endpoint(EndpointHost& host,
+Result<std::shared_ptr<EndpointImpl>> connect_endpoint(EndpointHost& host,
                                                        const std::string& address,
                                                        std::chrono::milliseconds timeout);
 

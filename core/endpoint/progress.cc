@@ -301,7 +301,10 @@ bool EndpointImpl::end_serving() {
 // reads for the endpoint any more and it breaks. close() waits for this.
 void EndpointImpl::served_out() {
   // (Not kCancelled: that would wait for the channel's writes to drain.)
-  if (!stopping()) break_with(FailedPrecondition("the manager has shut down"));
+  if (!stopping()) {
+    break_with(FailedPrecondition(
+        "the endpoint's server stopped: its manager shut down, or no thread could start"));
+  }
   std::lock_guard lock(served_mu_);
   served_out_ = true;
   served_cv_.notify_all();  // under the lock: close() may free the endpoint once it sees the flag

@@ -15,26 +15,19 @@ thread_local const EndpointImpl* t_serving = nullptr;
 
 }  // namespace
 
-std::shared_ptr<ServerLink> EndpointServer::start(EndpointImpl& endpoint, Fd events,
-                                                  EventLoop& loop, WorkerPool& workers) {
-  auto link = std::make_shared<ServerLink>(&endpoint);
-  auto server = std::make_shared<EndpointServer>(link, std::move(events), loop, workers);
-  link->server = server;
+std::shared_ptr<EndpointServer> EndpointServer::start(const std::shared_ptr<EndpointImpl>& endpoint,
+                                                      Fd events, EventLoop& loop,
+                                                      WorkerPool& workers) {
+  auto server = std::make_shared<EndpointServer>(endpoint, std::move(events), loop, workers);
   if (!loop.kick(server)) {
-    link->endpoint = nullptr;  // the server goes with this call, and tells no one
+    server->told_ = true;  // goes with this call, and tells no one
     return nullptr;
   }
-  return link;
+  return server;
 }
 
-void EndpointServer::cut(ServerLink& link) {
-  std::shared_ptr<EndpointServer> server;
-  {
-    std::lock_guard lock(link.mu);
-    link.endpoint = nullptr;
-    server = link.server.lock();
-  }
-  if (server) server->loop_.kick(server);  // its next run finds the link cut
+void EndpointServer::release(const std::weak_ptr<EndpointServer>& server) {
+  if (auto held = server.lock()) held->loop_.kick(held);  // its next run finds the endpoint gone
 }
 
 bool EndpointServer::serving(const EndpointImpl* endpoint) {
@@ -43,8 +36,8 @@ bool EndpointServer::serving(const EndpointImpl* endpoint) {
 
 EndpointServer::~EndpointServer() {
   // Let go of without a last step (its loop or the pool stopped first).
-  std::lock_guard lock(link_->mu);
-  if (link_->endpoint != nullptr) tell_done(*link_->endpoint);
+  if (told_) return;
+  if (std::shared_ptr<EndpointImpl> endpoint = endpoint_.lock()) tell_done(*endpoint);
 }
 
 void EndpointServer::tell_done(EndpointImpl& endpoint) {
@@ -54,9 +47,8 @@ void EndpointServer::tell_done(EndpointImpl& endpoint) {
 }
 
 void EndpointServer::on_run(EventLoop& loop) {
-  std::unique_lock lock(link_->mu);
-  EndpointImpl* endpoint = link_->endpoint;
-  if (endpoint == nullptr) {  // gone: let go of the loop (no watch, no time)
+  const std::shared_ptr<EndpointImpl> endpoint = endpoint_.lock();
+  if (!endpoint) {  // gone: let go of the loop (no watch, no time)
     if (watching_) loop.unwatch(events_.get());
     watching_ = false;
     loop.quiet();
@@ -125,17 +117,16 @@ void EndpointServer::after_wait(EventLoop& loop, EndpointImpl& endpoint, int wok
 
 void EndpointServer::take_turn(ServerLook look) {
   {
-    std::lock_guard lock(link_->mu);
-    EndpointImpl* endpoint = link_->endpoint;
-    if (endpoint == nullptr) return;
-    t_serving = endpoint;
+    const std::shared_ptr<EndpointImpl> endpoint = endpoint_.lock();
+    if (!endpoint) return;  // gone: this job's reference was the last
+    t_serving = endpoint.get();
     const bool go_on = endpoint->serve_turn(look);
     t_serving = nullptr;
     if (!go_on) {
       tell_done(*endpoint);
       return;
     }
-  }
+  }                                // (an endpoint let go meanwhile goes here, on this worker)
   loop_.kick(shared_from_this());  // false once the loop ended: this job's reference was the last
 }
 

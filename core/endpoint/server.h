@@ -18,7 +18,6 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 
 #include "common/event_loop.h"
 #include "common/socket.h"
@@ -28,7 +27,6 @@
 namespace rdmabuf {
 
 class EndpointImpl;
-class EndpointServer;
 
 // What a wait's end calls for (EndpointImpl::server_look).
 enum class ServerLook {
@@ -38,38 +36,32 @@ enum class ServerLook {
   kFailed,       // the epoll set failed: a turn breaks the endpoint
 };
 
-// What an endpoint's server reaches its endpoint through. Each step of the
-// server holds mu; the endpoint, as it is destroyed, clears `endpoint`
-// under it, so no step runs on an endpoint that is gone, and a server that
-// finds it cleared only lets go of its loop.
-struct ServerLink {
-  explicit ServerLink(EndpointImpl* e) : endpoint(e) {}
-  std::mutex mu;
-  EndpointImpl* endpoint;                // null once the endpoint is gone
-  std::weak_ptr<EndpointServer> server;  // set once, before the server runs
-};
-
 class EndpointServer final : public LoopTask, public std::enable_shared_from_this<EndpointServer> {
  public:
   // Starts serving `endpoint`, waiting on `events` (a descriptor of its
   // epoll set of its own, so that it outlives the endpoint's), on `loop`
-  // and `workers`: the link, or null when the loop has ended. The server
-  // takes its last step after the endpoint breaks (a turn sees it
-  // stopping), or when the loop or the pool stops first (the manager shut
-  // down); either way it then tells the endpoint
-  // (EndpointImpl::served_out) while the link holds it.
-  static std::shared_ptr<ServerLink> start(EndpointImpl& endpoint, Fd events, EventLoop& loop,
-                                           WorkerPool& workers);
-  // For the endpoint's destruction: clears the link (after the step under
-  // way, if any), and has the server let go of its loop at once (the
-  // endpoint's descriptors close, so its events may never come).
-  static void cut(ServerLink& link);
+  // and `workers`: the server, or null when the loop has ended. Each step
+  // holds the endpoint (a reference from `endpoint`), so an endpoint lives
+  // until the step under way ends, and a step that finds it gone lets go
+  // of the loop. The server takes its last step after the endpoint breaks
+  // (a turn sees it stopping), or when the loop or the pool stops first
+  // (the manager shut down); either way it then tells the endpoint
+  // (EndpointImpl::served_out).
+  static std::shared_ptr<EndpointServer> start(const std::shared_ptr<EndpointImpl>& endpoint,
+                                               Fd events, EventLoop& loop, WorkerPool& workers);
+  // For the endpoint's destruction: has the server let go of its loop at
+  // once (the endpoint's descriptors close, so its events may never come).
+  static void release(const std::weak_ptr<EndpointServer>& server);
   // Whether the calling thread is inside a step of `endpoint`'s server (a
   // notification handler, say).
   static bool serving(const EndpointImpl* endpoint);
 
-  EndpointServer(std::shared_ptr<ServerLink> link, Fd events, EventLoop& loop, WorkerPool& workers)
-      : link_(std::move(link)), events_(std::move(events)), loop_(loop), workers_(workers) {}
+  EndpointServer(std::weak_ptr<EndpointImpl> endpoint, Fd events, EventLoop& loop,
+                 WorkerPool& workers)
+      : endpoint_(std::move(endpoint)),
+        events_(std::move(events)),
+        loop_(loop),
+        workers_(workers) {}
   ~EndpointServer() override;
   EndpointServer(const EndpointServer&) = delete;
   EndpointServer& operator=(const EndpointServer&) = delete;
@@ -77,23 +69,23 @@ class EndpointServer final : public LoopTask, public std::enable_shared_from_thi
   void on_run(EventLoop& loop) override;
 
  private:
-  // The loop's thread, link held: waits as the endpoint asks
-  // (EndpointImpl::server_wait), or goes on at once.
+  // The loop's thread: waits as the endpoint asks (EndpointImpl::server_wait),
+  // or goes on at once.
   void wait(EventLoop& loop, EndpointImpl& endpoint);
-  // The loop's thread, link held: the wait ended, with `woken` events (0:
-  // none; -1: the epoll set failed).
+  // The loop's thread: the wait ended, with `woken` events (0: none; -1:
+  // the epoll set failed).
   void after_wait(EventLoop& loop, EndpointImpl& endpoint, int woken);
   // A worker's: one turn, then the server back to the loop.
   void take_turn(ServerLook look);
-  // Tells the endpoint that the server takes no more steps (link held).
+  // Tells the endpoint that the server takes no more steps.
   void tell_done(EndpointImpl& endpoint);
 
-  const std::shared_ptr<ServerLink> link_;
+  const std::weak_ptr<EndpointImpl> endpoint_;
   const Fd events_;
   EventLoop& loop_;
   WorkerPool& workers_;
-  bool told_ = false;  // tell_done ran; under the link's mu
-  // The loop's thread alone.
+  // The server's steps alone (one at a time), and its destructor.
+  bool told_ = false;    // tell_done ran
   bool in_turn_ = true;  // a worker has the server (or, at first, the start's kick)
   bool watching_ = false;
   Deadline look_at_ = Deadline::max();  // the timed look's, or none

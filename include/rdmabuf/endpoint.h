@@ -278,7 +278,7 @@ class Endpoint {
  private:
   friend class Manager;
   friend class EndpointListener;
-  explicit Endpoint(std::unique_ptr<EndpointImpl> impl);
+  explicit Endpoint(std::shared_ptr<EndpointImpl> impl);
   std::shared_ptr<EndpointImpl> impl_;  // shared with its PendingReceives and PendingSends
 };
 

@@ -153,5 +153,26 @@ TEST_P(ConformanceTest, AnEndpointOfAManagerShutDownInACallbackBreaksAndCloses) 
   pair.sender.reset();
 }
 
+// A notification handler runs in a step of the endpoint's server; the
+// endpoint it came from may be destroyed there (a peer's "goodbye" tag),
+// and goes once the step ends.
+TEST_P(ConformanceTest, ANotificationHandlerMayDestroyItsEndpoint) {
+  EndpointPair pair = connect_endpoints(*owner_, *reader_);
+  ASSERT_TRUE(pair.receiver && pair.sender);
+  Owned target = own(4096, 0);
+  std::promise<void> destroyed;
+  owner_->set_notification_handler([&](const Notification&) {
+    if (!pair.receiver) return;
+    pair.receiver.reset();
+    destroyed.set_value();
+  });
+  ASSERT_TRUE(pair.sender->write(target.handle, with_pattern(4096, 5), 5, kTimeout).ok());
+  ASSERT_EQ(destroyed.get_future().wait_for(kTimeout), std::future_status::ready);
+  // The peer sees the endpoint go.
+  LocalMemory message = allocate(64);
+  EXPECT_FALSE(pair.sender->receive(message, kTimeout).ok());
+  owner_->set_notification_handler({});
+}
+
 }  // namespace
 }  // namespace rdmabuf::conformance
