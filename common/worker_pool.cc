@@ -22,8 +22,10 @@ bool WorkerPool::run(std::function<void()> job) {
   std::lock_guard lock(mu_);
   if (stopping_) return false;
   jobs_.push_back(std::move(job));
-  // An idle thread takes it, unless the jobs queued already use them all.
-  if (static_cast<int>(jobs_.size()) <= idle_) {
+  // A thread with no job takes it (an idle one, woken, or one back from
+  // its last job, which looks before it sleeps), unless the jobs queued
+  // already use them all.
+  if (jobs_.size() <= running_.size() - static_cast<size_t>(busy_)) {
     has_job_.notify_one();
     return true;
   }
@@ -47,6 +49,11 @@ bool WorkerPool::run(std::function<void()> job) {
 int WorkerPool::threads() const {
   std::lock_guard lock(mu_);
   return static_cast<int>(running_.size());
+}
+
+int WorkerPool::busy_threads() const {
+  std::lock_guard lock(mu_);
+  return busy_;
 }
 
 void WorkerPool::stop() {
@@ -76,17 +83,17 @@ void WorkerPool::work() {
     if (!jobs_.empty()) {
       std::function<void()> job = std::move(jobs_.front());
       jobs_.pop_front();
+      ++busy_;
       lock.unlock();
       job();
       job = nullptr;  // what it holds goes before the pool's lock is taken
       lock.lock();
+      --busy_;
       continue;
     }
     if (stopping_) break;
-    ++idle_;
     const bool woken =
         has_job_.wait_for(lock, idle_end_, [&] { return !jobs_.empty() || stopping_; });
-    --idle_;
     if (!woken) break;  // idle for idle_end_
   }
   // (running_ holds this thread until now: run() may start none meanwhile

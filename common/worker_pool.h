@@ -31,8 +31,9 @@ class WorkerPool {
   // stopped, or when no thread runs and none can start (the process is out
   // of threads).
   bool run(std::function<void()> job);
-  // Threads running now, busy or idle.
+  // Threads running now, busy or idle; of them, those running a job.
   int threads() const;
+  int busy_threads() const;
   // Runs the jobs queued already, waits for those under way, and joins
   // every thread; run() fails from now on. Not from a job.
   void stop();
@@ -52,7 +53,7 @@ class WorkerPool {
   std::deque<std::function<void()>> jobs_;
   std::unordered_map<std::thread::id, std::thread> running_;  // by the thread's own id
   std::vector<std::thread> ended_;  // left work(): for whoever comes next to join
-  int idle_ = 0;                    // threads waiting for a job
+  int busy_ = 0;                    // threads running a job
   bool stopping_ = false;
 };
 

@@ -45,7 +45,7 @@ TEST(WorkerPoolTest, StartsAThreadOnlyWhenNoneIsIdle) {
   std::atomic<int> ran{0};
   for (int i = 0; i < 20; ++i) {
     ASSERT_TRUE(pool.run([&] { ++ran; }));
-    while (ran.load() <= i)
+    while (ran.load() <= i || pool.busy_threads() > 0)  // its thread back from the job
       std::this_thread::yield();
   }
   EXPECT_EQ(pool.threads(), 1) << "one job at a time needs one thread";
