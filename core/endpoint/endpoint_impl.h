@@ -10,6 +10,8 @@
 //   send_queue.h        posted sends and their stages     (sends.cc)
 //   receive_table.h     posted receives and their answers (receives.cc)
 //   reader_role.h       who reads the channel now          (progress.cc, reading.cc)
+//   server.h            what reads while no caller does: a loop task and
+//                       its turns on the endpoint workers  (progress.cc)
 //   writing.cc          frames out: the frames lock, replies held back
 //   lending.cc          memory lent to the peer, and its leases
 //   notification_delivery.cc  notifications to the manager's queue
