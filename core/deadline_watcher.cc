@@ -25,7 +25,9 @@ void DeadlineWatcher::stop() {
     pending_.clear();
   }
   changed_.notify_one();
-  if (thread_.joinable()) thread_.join();
+  // From a callback on the watcher's own thread (an on_done that shuts its
+  // manager down), the destructor joins it instead.
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 void DeadlineWatcher::run() {

@@ -27,7 +27,9 @@ class DeadlineWatcher {
   // Stops watching `transfer` (it finished). Cheap; safe from any thread,
   // including from inside the transfer's own completion.
   void forget(const TransferState* transfer);
-  // Joins the thread; deadlines still pending are no longer enforced.
+  // Joins the thread (on the thread itself, a callback: only ends it, and
+  // the destructor joins it); deadlines still pending are no longer
+  // enforced.
   void stop();
 
  private:

@@ -111,6 +111,14 @@ void Stager::shutdown() {
     thread.swap(thread_);
   }
   wake_.notify_one();
+  if (thread.get_id() == std::this_thread::get_id()) {
+    // From a callback on the stager's own thread (an on_done that shuts its
+    // manager down): the thread ends once its tasks are done, and the
+    // destructor joins it.
+    std::lock_guard lock(mu_);
+    thread_ = std::move(thread);
+    return;
+  }
   if (thread.joinable()) thread.join();
   // Tasks pushed after the thread ended (none, when the backends have shut
   // down first) are finished here.

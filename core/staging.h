@@ -60,7 +60,8 @@ class Stager {
   void stop_starting();
   // stop_starting(), then waits for the pieces under way and joins the
   // thread. Call after the backends have shut down (so that every piece
-  // has finished).
+  // has finished). On the stager's own thread (a callback), it only asks
+  // the thread to end; the destructor joins it.
   void shutdown();
 
  private:

@@ -136,10 +136,6 @@ TEST_P(ConformanceTest, AnEndpointDestroyedInATransfersCallbackGoesAtOnce) {
 // A manager shut down from a transfer's on_done (on its loop's thread):
 // its endpoints break, and close without waiting for that loop.
 TEST_P(ConformanceTest, AnEndpointOfAManagerShutDownInACallbackBreaksAndCloses) {
-  if (local_kind() == MemoryKind::kCuda) {
-    GTEST_SKIP() << "the on_done of a staged GPU op runs on the stager's thread, which "
-                    "shutdown() joins: not a loop's";
-  }
   reader_ = make([](Config& c) { c.io_threads = 1; });
   EndpointPair pair = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(pair.receiver && pair.sender);
