@@ -150,8 +150,9 @@ class EventLoops {
 };
 
 // The event loops that one manager's backends share for their outbound
-// connections (tcp streams, ibverbs queue pairs): made on first use, so a
-// manager that only owns buffers runs none. A backend that stops drains
+// connections (tcp streams, ibverbs queue pairs), and its endpoints'
+// servers wait on: made on first use, so a manager that only owns buffers
+// runs none. A backend that stops drains
 // them (its tasks' final runs have run); the manager stops them once
 // every backend has. Thread-safe.
 class SharedLoops {

@@ -18,8 +18,15 @@ WorkerPool::~WorkerPool() {
 }
 
 bool WorkerPool::run(std::function<void()> job) {
-  join_ended();
+  std::vector<std::thread> ended;
+  const bool taken = queue(std::move(job), ended);
+  join(std::move(ended));
+  return taken;
+}
+
+bool WorkerPool::queue(std::function<void()> job, std::vector<std::thread>& ended) {
   std::lock_guard lock(mu_);
+  ended.swap(ended_);
   if (stopping_) return false;
   jobs_.push_back(std::move(job));
   // A thread with no job takes it (an idle one, woken, or one back from
@@ -57,22 +64,18 @@ int WorkerPool::busy_threads() const {
 }
 
 void WorkerPool::stop() {
+  std::vector<std::thread> ended;
   {
     std::unique_lock lock(mu_);
     stopping_ = true;
     has_job_.notify_all();
     all_ended_.wait(lock, [&] { return running_.empty(); });
-  }
-  join_ended();
-}
-
-void WorkerPool::join_ended() {
-  std::vector<std::thread> ended;
-  {
-    std::lock_guard lock(mu_);
-    if (ended_.empty()) return;
     ended.swap(ended_);
   }
+  join(std::move(ended));
+}
+
+void WorkerPool::join(std::vector<std::thread> ended) {
   for (std::thread& t : ended)
     t.join();
 }

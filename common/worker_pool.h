@@ -1,6 +1,6 @@
 // Threads for short jobs that may block (user code such as a notification
 // handler, a write waiting for its peer to read): a thread starts when a
-// job finds none idle, up to a limit, and ends after a while idle. So the
+// job finds none free, up to a limit, and ends after a while idle. So the
 // threads follow the jobs under way, not the number of things that may
 // make one: many idle endpoints cost none. Thread-safe.
 #pragma once
@@ -39,9 +39,12 @@ class WorkerPool {
   void stop();
 
  private:
+  // run() under mu_: queues `job` and starts a thread if none is free;
+  // hands over the threads that ended, to join once mu_ is free.
+  bool queue(std::function<void()> job, std::vector<std::thread>& ended);
   void work();
-  // Joins the threads that ended (mu_ not held).
-  void join_ended();
+  // Joins `ended` (threads taken from ended_; mu_ not held).
+  static void join(std::vector<std::thread> ended);
 
   const std::string thread_name_;
   const int most_threads_;

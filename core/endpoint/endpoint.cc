@@ -5,8 +5,6 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
-#include <cstdlib>
-
 #include "common/log.h"
 #include "common/strings.h"
 #include "core/endpoint/endpoint_impl.h"

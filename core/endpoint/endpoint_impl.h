@@ -297,7 +297,6 @@ class EndpointImpl final : public NoticeTaker {
   static constexpr int kNoWait = -2;
   // Starts the server on one of the manager's loops (create()).
   static Status start_serving(const std::shared_ptr<EndpointImpl>& endpoint);
-  int server_events() const { return events_.get(); }
   int server_wait();
   ServerLook server_look(int woken);
   void look_later();

@@ -307,7 +307,7 @@ void EndpointImpl::served_out() {
   }
   std::lock_guard lock(served_mu_);
   served_out_ = true;
-  served_cv_.notify_all();  // under the lock: close() may free the endpoint once it sees the flag
+  served_cv_.notify_all();
 }
 
 }  // namespace rdmabuf
