@@ -1,5 +1,6 @@
 #include "core/notifications.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -58,9 +59,7 @@ Status NotificationQueue::try_push(const Notification& n) {
   std::unique_lock lock(mu_);
   if (closed_) return FailedPrecondition("the manager is shut down");
   if (handler_) {
-    auto handler = handler_;  // runs unlocked: it may call back into the manager
-    lock.unlock();
-    handler(n);
+    call_handler(lock, n);
     return Status::Ok();
   }
   if (queue_.size() >= kCapacity) {
@@ -78,9 +77,7 @@ bool NotificationQueue::push(const Notification& n, const std::function<bool()>&
   }
   if (closed_) return false;
   if (handler_) {
-    auto handler = handler_;  // runs unlocked: it may call back into the manager
-    lock.unlock();
-    handler(n);
+    call_handler(lock, n);
     return true;
   }
   enqueue(n);
@@ -131,11 +128,47 @@ Result<Notification> NotificationQueue::pop(std::chrono::milliseconds timeout,
   return n;
 }
 
+namespace {
+// The handlers this thread is calling now, innermost last (a handler may
+// cause another notification on its own thread).
+thread_local std::vector<const void*> handlers_calling;
+}  // namespace
+
+void NotificationQueue::call_handler(std::unique_lock<std::mutex>& lock, const Notification& n) {
+  std::shared_ptr<Handler> handler = handler_;
+  ++handler->calls;
+  lock.unlock();
+  struct Calling {  // counts the call as ended however it ends
+    NotificationQueue& queue;
+    std::unique_lock<std::mutex>& lock;
+    Handler& handler;
+    ~Calling() {
+      handlers_calling.pop_back();
+      lock.lock();
+      if (--handler.calls == 0) queue.handler_done_.notify_all();
+    }
+  };
+  handlers_calling.push_back(handler.get());
+  Calling calling{*this, lock, *handler};
+  handler->call(n);
+}
+
 void NotificationQueue::set_handler(std::function<void(const Notification&)> handler) {
-  std::lock_guard lock(mu_);
-  handler_ = std::move(handler);
-  has_handler_.store(static_cast<bool>(handler_), std::memory_order_relaxed);
-  cv_.notify_all();
+  std::shared_ptr<Handler> replaced;
+  {
+    std::unique_lock lock(mu_);
+    replaced = std::move(handler_);
+    if (handler) handler_ = std::make_shared<Handler>(Handler{std::move(handler)});
+    has_handler_.store(handler_ != nullptr, std::memory_order_relaxed);
+    cv_.notify_all();
+    if (replaced) {
+      const auto own_calls = static_cast<int>(
+          std::count(handlers_calling.begin(), handlers_calling.end(), replaced.get()));
+      handler_done_.wait(lock, [&] { return replaced->calls == own_calls; });
+    }
+  }
+  // `replaced` (what it captured) goes here, without mu_, unless a call on
+  // this thread still holds it.
 }
 
 void NotificationQueue::close() {

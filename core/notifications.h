@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -53,19 +54,33 @@ class NotificationQueue {
   Result<Notification> pop(std::chrono::milliseconds timeout,
                            std::chrono::microseconds busy_poll = {},
                            NoticeRoutes* routes = nullptr);
+  // Replaces the handler (empty: queue again). Returns once no call of
+  // the handler it replaced is under way on another thread, so that what
+  // that handler uses may go; a call on this thread (a handler that
+  // replaces itself) is not waited for.
   void set_handler(std::function<void(const Notification&)> handler);
   // For shutdown: pops and pushes fail from now on, waiters wake.
   void close();
 
  private:
+  // A handler, and its calls under way (guarded by mu_).
+  struct Handler {
+    std::function<void(const Notification&)> call;
+    int calls = 0;
+  };
+
   // Appends `n` and wakes the waiters (mu_ held).
   void enqueue(const Notification& n);
+  // Calls the handler with `n` without mu_ (it may call back into the
+  // manager), counted in its calls; `lock` holds mu_ before and after.
+  void call_handler(std::unique_lock<std::mutex>& lock, const Notification& n);
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Notification> queue_;
-  std::atomic<size_t> queued_{0};  // queue_.size(), for a waiter that spins
-  std::function<void(const Notification&)> handler_;
+  std::atomic<size_t> queued_{0};         // queue_.size(), for a waiter that spins
+  std::shared_ptr<Handler> handler_;      // null: none; calls under way keep theirs
+  std::condition_variable handler_done_;  // a call of a handler returned
   std::atomic<bool> has_handler_{false};  // handler_ is set: a waiter does not look
   bool closed_ = false;
 };

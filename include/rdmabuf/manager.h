@@ -130,7 +130,10 @@ class Manager {
   // again). It runs on a library thread (an endpoint worker, or over
   // ibverbs the manager's notice thread), one notification at a time per peer (over
   // ibverbs, one at a time for all peers): keep it short; while it runs,
-  // the later notifications, and their writers, wait.
+  // the later notifications, and their writers, wait. Returns once no call
+  // of the handler it replaces is under way on another thread, so what that
+  // handler uses may go then (a handler may replace itself); do not call it
+  // holding what a running handler waits for.
   void set_notification_handler(std::function<void(const Notification&)> handler);
 
   // Stops serving and transferring: closes the listener and every
