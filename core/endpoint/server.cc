@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "common/log.h"
+#include "common/socket.h"
 #include "core/endpoint/endpoint_impl.h"
 
 namespace rdmabuf {
@@ -63,6 +64,7 @@ void EndpointServer::on_run(EventLoop& loop) {
   epoll_event events[4];
   int woken = ::epoll_wait(events_.get(), events, 4, 0);
   if (woken < 0 && errno == EINTR) woken = 0;
+  if (woken < 0) RDMABUF_LOG_ERROR("endpoint: epoll_wait: " + errno_text(errno));  // it breaks
   if (woken == 0 && look_at_ != Deadline::max() && Clock::now() < look_at_) {
     loop.wake_at(shared_from_this(), look_at_);  // early: the look's time has not come
     loop.quiet();
