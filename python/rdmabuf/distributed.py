@@ -34,6 +34,7 @@ import socket
 import sys
 from typing import Any, Callable, List, Optional, Tuple
 
+from . import _rdmabuf
 from ._buffer import DEFAULT_TIMEOUT, LocalMemory, RDMAAction, RDMABuffer
 from ._errors import (
     Error,
@@ -171,6 +172,13 @@ def _nbytes(view: Any) -> int:
     return int(view.numel() if hasattr(view, "numel") else view.nbytes)
 
 
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether the memory of views `a` and `b` shares a byte."""
+    a_start, a_size = _rdmabuf.local_span(a)
+    b_start, b_size = _rdmabuf.local_span(b)
+    return a_size > 0 and b_size > 0 and a_start < b_start + b_size and b_start < a_start + a_size
+
+
 # --- Window --------------------------------------------------------------------
 
 
@@ -270,8 +278,8 @@ class Window:
 
     def gather(self, output: Optional[LocalMemory] = None, dst: int = 0) -> None:
         """Rank `dst` reads every rank's memory into `output` (its own
-        included), rank r's at r times the size; the other ranks pass no
-        output and only wait."""
+        included, so not overlapping it), rank r's at r times the size; the
+        other ranks pass no output and only wait."""
         self._run(lambda: self._gather_reads(output, dst))
 
     def _broadcast_reads(self, src: int) -> RDMAAction:
@@ -291,6 +299,7 @@ class Window:
                 f"rdmabuf.distributed.all_to_all: {total} B must split into {self.size} equal "
                 f"chunks and output must hold {total} B (it holds {_nbytes(out)} B)"
             )
+        self._output_apart(out, "all_to_all")
         chunk = total // self.size
         action = RDMAAction()
         for r in range(self.size):
@@ -313,6 +322,7 @@ class Window:
                 f"rdmabuf.distributed.gather: output holds {_nbytes(out)} B, "
                 f"less than {self.size} x {each} B"
             )
+        self._output_apart(out, "gather")
         for r in range(self.size):
             action.read_remote(out[r * each : (r + 1) * each], self._buffers[r])
         return action
@@ -368,6 +378,15 @@ class Window:
             raise InvalidArgumentError(
                 f"rdmabuf.distributed.{what}: every rank must share the same number of bytes "
                 f"(they share {sorted(sizes)})"
+            )
+
+    def _output_apart(self, out: Any, what: str) -> None:
+        """An output that overlaps this rank's memory would be written while
+        it is read (by this rank, or by the others)."""
+        if _overlap(out, self._bytes):
+            raise InvalidArgumentError(
+                f"rdmabuf.distributed.{what}: output overlaps this rank's memory in the window, "
+                "which is read while output is written; give it memory of its own"
             )
 
     def _check_open(self) -> None:

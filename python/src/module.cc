@@ -388,6 +388,15 @@ PYBIND11_MODULE(_rdmabuf, m) {
       py::arg("obj"), py::arg("writable"), py::arg("strided") = true,
       "Checks obj as local memory (as read_into/write_from do; strided: any dense array or "
       "tensor, as transfers take) and returns the bytes of its elements.");
+  m.def(
+      "local_span",
+      [](py::handle obj) {
+        const PyLocal local = PyLocal::acquire(obj, false, "data", true);
+        return py::make_tuple(reinterpret_cast<uintptr_t>(local.memory().data()),
+                              local.memory().size());
+      },
+      py::arg("obj"),
+      "Where obj's elements lie: (address of the lowest byte, bytes to past the highest).");
   m.def("fork_generation", &fork_generation);
   m.def("storage_identity_count", &storage_identity_count);
 

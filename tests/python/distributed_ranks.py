@@ -80,6 +80,19 @@ def bad_argument_on_one_rank(rank: int, size: int) -> Any:
         return first
 
 
+def output_overlaps_the_window(rank: int, size: int) -> Any:
+    import rdmabuf.distributed as rd
+
+    memory = bytearray(2 * 3 * size)
+    view = memoryview(memory)
+    with rd.Window(view[: 3 * size]) as win:
+        try:  # rank 1's output runs into its own memory; the others' lie apart
+            win.all_to_all(view[1 : 1 + 3 * size] if rank == 1 else view[3 * size :])
+        except Exception as e:  # noqa: BLE001 -- the window goes on afterwards
+            return e
+    return None
+
+
 def sizes_differ(rank: int, size: int) -> Any:
     import rdmabuf.distributed as rd
 
@@ -109,6 +122,7 @@ SCENARIOS: dict[str, Callable[[int, int], Any]] = {
     "patterns": patterns,
     "one_rank_used_rdmabuf_before": one_rank_used_rdmabuf_before,
     "bad_argument_on_one_rank": bad_argument_on_one_rank,
+    "output_overlaps_the_window": output_overlaps_the_window,
     "sizes_differ": sizes_differ,
     "source_released": source_released,
     "loopback_across_hosts": loopback_across_hosts,

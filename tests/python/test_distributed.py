@@ -55,6 +55,13 @@ def test_a_bad_argument_on_one_rank_fails_every_rank_and_hangs_none(spawn: Any) 
         assert "rank 0: rdmabuf.distributed.gather: rank dst needs an output" in str(outcome)
 
 
+def test_an_output_that_overlaps_the_window_fails_every_rank(spawn: Any) -> None:
+    """Its bytes would be written while the ranks read them."""
+    for rank, outcome in run_ranks(spawn, "output_overlaps_the_window").items():
+        assert isinstance(outcome, rdmabuf.InvalidArgumentError), (rank, outcome)
+        assert "rank 1: rdmabuf.distributed.all_to_all: output overlaps" in str(outcome), outcome
+
+
 def test_sizes_that_differ_fail_on_every_rank(spawn: Any) -> None:
     for rank, outcome in run_ranks(spawn, "sizes_differ").items():
         assert isinstance(outcome, rdmabuf.InvalidArgumentError), (rank, outcome)
