@@ -59,17 +59,14 @@ Connection::~Connection() {
 }
 
 void Connection::join_handshaker() {
-  std::thread handshaker;
+  std::shared_ptr<Handshake> shaking;
   {
     std::lock_guard lock(handshaker_mu_);
-    handshaker.swap(handshaker_);
+    shaking.swap(shaking_);
   }
-  if (!handshaker.joinable()) return;
-  if (handshaker.get_id() == std::this_thread::get_id()) {
-    handshaker.detach();  // the last reference was the handshake's own
-  } else {
-    handshaker.join();
-  }
+  if (!shaking) return;
+  std::unique_lock lock(shaking->mu);
+  shaking->ended_cv.wait(lock, [&] { return shaking->ended; });
 }
 
 void Connection::enqueue(std::vector<Chunk>& chunks) {

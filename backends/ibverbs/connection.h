@@ -7,12 +7,12 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -23,6 +23,7 @@
 #include "common/event_loop.h"
 #include "common/loop_inbox.h"
 #include "common/socket.h"
+#include "common/worker_pool.h"
 #include "rdmabuf/backend.h"
 
 namespace rdmabuf::ibverbs {
@@ -40,7 +41,15 @@ struct ConnectionContext {
   int stop_fd = -1;
   // Takes ops this connection cannot carry (no queue pair) to another backend.
   OpRouter* router = nullptr;
+  // Runs the handshakes (they block on the owner), the backend's for all
+  // its connections: the threads follow the handshakes under way, up to
+  // kMostHandshakes, not the owners.
+  WorkerPool* handshakers = nullptr;
 };
+
+// Handshakes under way at once, per backend; more wait their turn. Each
+// takes at most its budget (10 s) even with an owner that never answers.
+constexpr int kMostHandshakes = 64;
 
 // Work requests a reader's queue pair holds at once.
 constexpr uint32_t kPairDepth = 512;
@@ -148,16 +157,19 @@ class Connection final : public LoopTask,
   void queue_failed(ibv_cq* cq) override;
 
  private:
-  // A handshake under way on its own thread, and what it came to.
+  // A handshake under way on a handshaker (ConnectionContext::handshakers),
+  // and what it came to.
   struct Handshake {
     HandleClaim claim;  // presented to the owner
     std::mutex mu;
-    // Under mu: set once, by the handshake's thread.
-    bool done = false;
+    // Under mu: set once each, by the handshake's job.
+    bool done = false;   // its outcome is below
+    bool ended = false;  // the job is done with the connection and its loop
     Status status;
     bool claim_refused = false;  // the owner refused the handle presented
     std::unique_ptr<QueuePair> qp;
     Fd control;
+    std::condition_variable ended_cv;  // ended became true
   };
 
   struct Posted {
@@ -194,14 +206,14 @@ class Connection final : public LoopTask,
   // Starts a handshake for the chunks waiting, unless a failure's backoff
   // lasts (then they go on to another backend).
   void begin_handshake();
-  // The handshake's thread: a pair on `room`, set up with the owner.
+  // The handshake's job: a pair on `room`, set up with the owner.
   static void shake_hands(ConnectionContext context, HandleClaim claim, CqRoom room,
                           std::shared_ptr<Handshake> into, std::weak_ptr<Connection> self,
                           EventLoop* loop);
   // Takes the handshake's outcome once it is done; false while under way.
   bool finish_handshake();
-  // Joins the handshake's thread, if there is one (detaches it when called
-  // on it).
+  // Waits for the handshake's job to end, if one was started (not on its
+  // own thread: it ends before it lets go of the connection).
   void join_handshaker();
   bool post();
   bool poll();
@@ -277,10 +289,10 @@ class Connection final : public LoopTask,
   // What submitters hand the connection.
   LoopInbox<Chunk> inbox_;
 
-  // The handshake's thread, joined by the loop once it is done, or by stop().
-  // Taken before inbox_'s lock where both are held.
+  // The handshake whose job may still run, waited for by the loop once it
+  // is done, or by stop(). Taken before inbox_'s lock where both are held.
   std::mutex handshaker_mu_;
-  std::thread handshaker_;
+  std::shared_ptr<Handshake> shaking_;  // guarded by handshaker_mu_
 
   // The loop's own state.
   std::shared_ptr<Handshake> handshake_;  // while one is under way

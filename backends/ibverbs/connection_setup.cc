@@ -1,8 +1,7 @@
 // How a Connection sets its queue pair up with the owner: the handshake on
-// a thread of its own, and what becomes of the chunks waiting when it fails
+// one of the backend's handshakers, and what becomes of the chunks waiting when it fails
 // (connection.h).
 #include <algorithm>
-#include <thread>
 #include <utility>
 
 #include "backends/ibverbs/connection.h"
@@ -37,13 +36,26 @@ void Connection::begin_handshake() {
   // The handle the first op waiting names: the owner sets up a pair only for
   // a reader that holds one of its handles.
   const RemoteBuffer& presented = pending_.front().transfer->op(pending_.front().op).remote;
-  std::lock_guard lock(handshaker_mu_);
-  // stop() joins every handshake begun before it stopped inbox_.
-  if (inbox_.stopped()) return;  // the run it kicked fails what waits
-  handshake_ = std::make_shared<Handshake>();
-  handshake_->claim = HandleClaim::of(presented);
-  handshaker_ = std::thread(&Connection::shake_hands, context_, handshake_->claim,
-                            std::move(room).value(), handshake_, weak_from_this(), &loop_);
+  auto handshake = std::make_shared<Handshake>();
+  handshake->claim = HandleClaim::of(presented);
+  // (std::function copies what it holds; the room moves once, into the job.)
+  auto job_room = std::make_shared<CqRoom>(std::move(room).value());
+  {
+    std::lock_guard lock(handshaker_mu_);
+    // stop() waits for every handshake begun before it stopped inbox_.
+    if (inbox_.stopped()) return;  // the run it kicked fails what waits
+    const bool started = context_.handshakers->run(
+        [context = context_, handshake, job_room, self = weak_from_this(), loop = &loop_] {
+          shake_hands(context, handshake->claim, std::move(*job_room), handshake, self, loop);
+        });
+    if (started) {
+      handshake_ = handshake;
+      shaking_ = std::move(handshake);
+      return;
+    }
+  }
+  hand_on_pending(ResourceExhausted("no thread to set up a queue pair with the owner at " +
+                                    context_.owner_address.to_string() + " (out of threads)"));
 }
 
 void Connection::shake_hands(ConnectionContext context, HandleClaim claim, CqRoom room,
@@ -86,7 +98,15 @@ void Connection::shake_hands(ConnectionContext context, HandleClaim claim, CqRoo
     into->qp = std::move(pair);
     into->control = std::move(control);
   }
-  if (auto connection = self.lock()) loop->kick(std::move(connection));
+  std::shared_ptr<Connection> connection = self.lock();
+  if (connection) loop->kick(connection);
+  {
+    std::lock_guard lock(into->mu);
+    into->ended = true;
+  }
+  into->ended_cv.notify_all();
+  // `connection` goes last: when it is the last reference, ~Connection
+  // runs here and finds this job ended.
 }
 
 bool Connection::finish_handshake() {

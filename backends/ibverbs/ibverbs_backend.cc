@@ -334,6 +334,7 @@ class IbverbsBackend final : public Backend {
     context.stopping = &stopping_;
     context.stop_fd = stop_fd_.get();
     context.router = env_.router;
+    context.handshakers = &handshakers_;
     auto connection = std::make_shared<Connection>(std::move(context), loop, completions);
     connections_.emplace(std::move(key), connection);
     return connection;
@@ -363,6 +364,9 @@ class IbverbsBackend final : public Backend {
   // Guarded by connections_mu_.
   std::map<ConnectionKey, std::shared_ptr<Connection>> connections_;
   std::map<EventLoop*, std::shared_ptr<LoopCompletions>> completions_;  // one per loop
+  // The reader's handshakes (Connection::shake_hands). Declared last:
+  // stopped first, once shutdown() has waited for the handshakes.
+  WorkerPool handshakers_{"rdmabuf-connect", kMostHandshakes, std::chrono::seconds(2)};
 };
 
 }  // namespace

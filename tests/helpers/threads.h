@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace rdmabuf::testing {
@@ -41,6 +43,17 @@ inline std::vector<std::string> thread_names() {
 inline int threads_named(const std::string& name) {
   const auto names = thread_names();
   return static_cast<int>(std::count(names.begin(), names.end(), name));
+}
+
+// Waits up to `timeout` until exactly `count` threads are named `name`.
+inline bool wait_for_threads_named(const std::string& name, int count,
+                                   std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (threads_named(name) != count) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
 }
 
 }  // namespace rdmabuf::testing

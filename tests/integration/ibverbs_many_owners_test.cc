@@ -2,9 +2,16 @@
 // I/O threads and share their completion queues, so neither grows with the
 // owners it reads. Skips, saying why, where ibverbs is not viable
 // (scripts/softroce-vm runs these tests).
-#include <string>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
+#include <string>
+#include <thread>
+
+#include "common/socket.h"
 #include "tests/helpers/backend_detail.h"
+#include "tests/helpers/forge.h"
 #include "tests/helpers/threads.h"
 #include "tests/integration/ibverbs_pair.h"
 #include "tests/integration/integration.h"
@@ -78,8 +85,64 @@ TEST_F(IbverbsManyOwnersTest, AReadersPairsShareItsThreadsAndCompletionQueues) {
             std::to_string(2 * kLoops));
   EXPECT_EQ(threads_named("rdmabuf-loop"), kLoops);
   EXPECT_EQ(threads_named("rdmabuf-notices"), kOwners);  // one per owner
+  // The handshakes' threads end once idle for 2 s.
+  EXPECT_TRUE(wait_for_threads_named("rdmabuf-connect", 0, 10s));
   EXPECT_LE(threads_of() - threads_before, kOwners + kLoops + 1)
       << "the threads grew with the pairs";
+}
+
+// A reader that sets up pairs with more owners at once than it runs
+// handshakes (64), here owners that never answer: the handshakes beyond
+// wait their turn instead of each taking a thread, and every op ends when
+// the reader shuts down.
+TEST_F(IbverbsManyOwnersTest, HandshakesBeyondTheLimitWaitForAThread) {
+  constexpr int kMostHandshakes = 64;  // backends/ibverbs/connection.h
+  constexpr int kOwners = kMostHandshakes + 8;
+  auto owner = ibverbs_manager(1);
+  ASSERT_NE(owner, nullptr);
+  LocalMemory theirs = with_pattern(4096, 5);
+  auto genuine = owner->register_buffer(theirs);
+  ASSERT_TRUE(genuine.ok()) << genuine.status().to_string();
+  // One listener that accepts (in the kernel) and never answers, and as
+  // many owners there as manager ids: a pair, and a handshake, each.
+  Fd silent(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(silent.get(), reinterpret_cast<sockaddr*>(&sin), sizeof sin), 0);
+  ASSERT_EQ(::listen(silent.get(), 2 * kOwners), 0);
+  socklen_t len = sizeof sin;
+  ASSERT_EQ(::getsockname(silent.get(), reinterpret_cast<sockaddr*>(&sin), &len), 0);
+  const std::string silent_address = "127.0.0.1:" + std::to_string(ntohs(sin.sin_port));
+  std::vector<Op> reads;
+  std::vector<LocalMemory> dsts;
+  for (int i = 0; i < kOwners; ++i) {
+    auto other = with_manager_id(*genuine, genuine->owner().manager_id + 1 + i);
+    ASSERT_TRUE(other.ok());
+    auto there = with_address(*other, silent_address);
+    ASSERT_TRUE(there.ok());
+    dsts.push_back(with_sentinel(4096));
+    reads.push_back(Op::read(*there, dsts.back()));
+  }
+
+  auto reader = ibverbs_manager(1);
+  ASSERT_NE(reader, nullptr);
+  const int threads_before = threads_of();
+  Transfer t = reader->submit(reads, kTimeout);
+  ASSERT_TRUE(wait_for_threads_named("rdmabuf-connect", kMostHandshakes, 10s))
+      << threads_named("rdmabuf-connect") << " handshakes under way";
+  std::this_thread::sleep_for(200ms);  // the others wait: no thread starts for them
+  EXPECT_EQ(threads_named("rdmabuf-connect"), kMostHandshakes);
+  EXPECT_LE(threads_of() - threads_before, kMostHandshakes + 2)
+      << "a thread for each of " << kOwners << " handshakes";
+  EXPECT_FALSE(t.done());
+
+  reader->shutdown();  // ends the handshakes under way, then those waiting
+  ASSERT_TRUE(t.wait_for(10s)) << "ops still waiting for their handshakes";
+  for (int i = 0; i < kOwners; ++i) {
+    EXPECT_FALSE(t.op_status(i).ok()) << "op " << i;
+    EXPECT_EQ(find_not(dsts[i].span(), kSentinel), std::nullopt) << "op " << i;
+  }
 }
 
 // One owner read by 8 readers at once: its sides of their pairs are served
@@ -113,6 +176,7 @@ TEST_F(IbverbsManyOwnersTest, AnOwnersThreadsDoNotGrowWithItsReaders) {
   }
   EXPECT_EQ(backend_detail(*owner, "ibverbs", "owner-side queue pairs"), std::to_string(kReaders));
   EXPECT_EQ(threads_named("rdmabuf-notices"), 1);
+  EXPECT_TRUE(wait_for_threads_named("rdmabuf-connect", 0, 10s));  // idle 2 s, they end
   // Each reader's one I/O thread, and the owner's intake.
   EXPECT_LE(threads_of() - threads_before, kReaders + 1 + 1)
       << "the owner's threads grew with its readers";
