@@ -535,10 +535,18 @@ Status Connection::explain(ibv_wc_status status, const Chunk& chunk) {
       validated_.erase(remote.id());
       const uint64_t mine = next_query_;
       const Deadline until = Clock::now() + kExplainLimit;
-      Status waited = control_.valid() ? ask(remote) : Unavailable("no control connection");
+      const bool could_ask = control_.valid();
+      Status waited = could_ask ? ask(remote) : Unavailable("no control connection");
       while (waited.ok() && !asked_.empty() && asked_.front().seq <= mine) {
         waited = wait_fd(control_.get(), POLLIN, until, context_.stop_fd);
         if (waited.ok()) waited = take_answers();
+      }
+      if (could_ask && waited.code() == StatusCode::kUnavailable) {
+        // The owner's end closed or failed as it was asked: an owner that
+        // died deregisters its memory before its queue pair goes, so its
+        // NIC refuses the access first.
+        return Unavailable(std::string("the owner's NIC refused the access (") + what +
+                           ") and the owner is gone: " + waited.message());
       }
       const Status* owner = waited.ok() ? answer_about(remote) : nullptr;
       if (owner && owner->code() == StatusCode::kNotFound) {
