@@ -321,6 +321,12 @@ def _serve_launches(listener: socket.socket, hosts: Dict[str, Host]) -> None:
         fds: List[int] = []
         proc = None
         with conn:
+            # Only this user's processes (the socket's mode says so too,
+            # but only once chmod ran after bind).
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _, uid, _ = struct.unpack("3i", creds)
+            if uid != os.getuid():
+                return
             try:
                 # The request is one line; the caller's streams come with
                 # its first bytes.
