@@ -16,18 +16,12 @@
 #include "common/socket.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "tools/subprocess.h"
 
 namespace rdmabuf::tool {
 
 int cmd_bench_patterns(int argc, char** argv) {
-  // The interpreter: RDMABUF_BENCH_PYTHON, else the one this build's Python
-  // package is for, else python3 on PATH.
-  const char* chosen = std::getenv("RDMABUF_BENCH_PYTHON");
-#ifdef RDMABUF_PYTHON_EXECUTABLE
-  std::string python = chosen && *chosen ? chosen : RDMABUF_PYTHON_EXECUTABLE;
-#else
-  std::string python = chosen && *chosen ? chosen : "python3";
-#endif
+  std::string python = bench_python();
 #ifdef RDMABUF_BUILD_PYTHON_DIR
   // Run from a build tree: its package first (installed, it is on the
   // interpreter's own path).

@@ -304,8 +304,7 @@ for _ in range(reps):
 print(f"torch-copy-gbps {size / statistics.median(times) / 1e9:.3f}")
 )py";
   // clang-format on
-  const char* python = std::getenv("RDMABUF_BENCH_PYTHON");
-  const std::string interpreter = python && *python ? python : "python3";
+  const std::string interpreter = bench_python();
   if (!on_path(interpreter) && interpreter.find('/') == std::string::npos) {
     return FailedPrecondition(interpreter + " is not on PATH");
   }

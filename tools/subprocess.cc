@@ -146,4 +146,14 @@ bool on_path(const std::string& program) {
   return false;
 }
 
+std::string bench_python() {
+  const char* chosen = std::getenv("RDMABUF_BENCH_PYTHON");
+  if (chosen && *chosen) return chosen;
+#ifdef RDMABUF_PYTHON_EXECUTABLE
+  return RDMABUF_PYTHON_EXECUTABLE;
+#else
+  return "python3";
+#endif
+}
+
 }  // namespace rdmabuf::tool

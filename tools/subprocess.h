@@ -50,4 +50,8 @@ class Child {
 // True when `program` is found on PATH.
 bool on_path(const std::string& program);
 
+// The Python interpreter the benchmarks run: RDMABUF_BENCH_PYTHON, else the
+// one this build's Python package is for, else python3 on PATH.
+std::string bench_python();
+
 }  // namespace rdmabuf::tool
