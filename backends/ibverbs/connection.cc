@@ -541,14 +541,16 @@ Status Connection::explain(ibv_wc_status status, const Chunk& chunk) {
         waited = wait_fd(control_.get(), POLLIN, until, context_.stop_fd);
         if (waited.ok()) waited = take_answers();
       }
-      if (could_ask && waited.code() == StatusCode::kUnavailable) {
-        // The owner's end closed or failed as it was asked: an owner that
-        // died deregisters its memory before its queue pair goes, so its
-        // NIC refuses the access first.
+      // An answer read before the connection ended counts (validated_ held
+      // none for it when asked).
+      const Status* owner = answer_about(remote);
+      if (!owner && could_ask && waited.code() == StatusCode::kUnavailable) {
+        // The owner's end closed or failed, unanswered: an owner that died
+        // deregisters its memory before its queue pair goes, so its NIC
+        // refuses the access first.
         return Unavailable(std::string("the owner's NIC refused the access (") + what +
                            ") and the owner is gone: " + waited.message());
       }
-      const Status* owner = waited.ok() ? answer_about(remote) : nullptr;
       if (owner && owner->code() == StatusCode::kNotFound) {
         // Remembered: later ops on this handle fail without a round trip.
         Status gone = NotFound("the owner released this buffer");
