@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/event_loop.h"
 #include "common/futex.h"
 
 namespace rdmabuf {
@@ -129,31 +130,42 @@ Result<Notification> NotificationQueue::pop(std::chrono::milliseconds timeout,
 }
 
 namespace {
-// The handlers this thread is calling now, innermost last (a handler may
-// cause another notification on its own thread).
-thread_local std::vector<const void*> handlers_calling;
+// The queues whose handler this thread is calling now, innermost last (a
+// handler may cause another notification on its own thread).
+thread_local std::vector<const NotificationQueue*> handlers_calling;
 }  // namespace
 
 void NotificationQueue::call_handler(std::unique_lock<std::mutex>& lock, const Notification& n) {
   std::shared_ptr<Handler> handler = handler_;
+  handlers_calling.push_back(this);  // before the count: nothing to undo if it throws
   ++handler->calls;
   lock.unlock();
   struct Calling {  // counts the call as ended however it ends
     NotificationQueue& queue;
-    std::unique_lock<std::mutex>& lock;
     Handler& handler;
     ~Calling() {
       handlers_calling.pop_back();
-      lock.lock();
-      if (--handler.calls == 0) queue.handler_done_.notify_all();
+      {
+        std::lock_guard relock(queue.mu_);
+        --handler.calls;
+      }
+      queue.handler_done_.notify_all();
     }
   };
-  handlers_calling.push_back(handler.get());
-  Calling calling{*this, lock, *handler};
-  handler->call(n);
+  {
+    Calling calling{*this, *handler};
+    handler->call(n);
+  }
+  handler.reset();  // without mu_: a replaced handler's captures may call back in
+  lock.lock();
 }
 
 void NotificationQueue::set_handler(std::function<void(const Notification&)> handler) {
+  // Not from a handler, nor on a loop's thread: a call under way on another
+  // thread may wait for this one (its endpoint's close, a transfer).
+  const bool may_wait =
+      std::find(handlers_calling.begin(), handlers_calling.end(), this) == handlers_calling.end() &&
+      !EventLoop::on_a_loop_thread();
   std::shared_ptr<Handler> replaced;
   {
     std::unique_lock lock(mu_);
@@ -161,14 +173,10 @@ void NotificationQueue::set_handler(std::function<void(const Notification&)> han
     if (handler) handler_ = std::make_shared<Handler>(Handler{std::move(handler)});
     has_handler_.store(handler_ != nullptr, std::memory_order_relaxed);
     cv_.notify_all();
-    if (replaced) {
-      const auto own_calls = static_cast<int>(
-          std::count(handlers_calling.begin(), handlers_calling.end(), replaced.get()));
-      handler_done_.wait(lock, [&] { return replaced->calls == own_calls; });
-    }
+    if (replaced && may_wait) handler_done_.wait(lock, [&] { return replaced->calls == 0; });
   }
-  // `replaced` (what it captured) goes here, without mu_, unless a call on
-  // this thread still holds it.
+  // `replaced` (what it captured) goes here, without mu_, unless a call
+  // under way still holds it.
 }
 
 void NotificationQueue::close() {

@@ -55,9 +55,10 @@ class NotificationQueue {
                            std::chrono::microseconds busy_poll = {},
                            NoticeRoutes* routes = nullptr);
   // Replaces the handler (empty: queue again). Returns once no call of
-  // the handler it replaced is under way on another thread, so that what
-  // that handler uses may go; a call on this thread (a handler that
-  // replaces itself) is not waited for.
+  // the handler it replaced is under way, so that what that handler uses
+  // may go; except from a handler (one that replaces itself) or on a loop's
+  // thread (a transfer's on_done), where it returns at once: a call under
+  // way elsewhere may be waiting for this one.
   void set_handler(std::function<void(const Notification&)> handler);
   // For shutdown: pops and pushes fail from now on, waiters wake.
   void close();
@@ -72,7 +73,9 @@ class NotificationQueue {
   // Appends `n` and wakes the waiters (mu_ held).
   void enqueue(const Notification& n);
   // Calls the handler with `n` without mu_ (it may call back into the
-  // manager), counted in its calls; `lock` holds mu_ before and after.
+  // manager), counted in its calls; `lock` holds mu_ before and after (not
+  // when the handler throws). The last reference to a handler replaced
+  // meanwhile goes without mu_.
   void call_handler(std::unique_lock<std::mutex>& lock, const Notification& n);
 
   std::mutex mu_;

@@ -131,9 +131,10 @@ class Manager {
   // ibverbs the manager's notice thread), one notification at a time per peer (over
   // ibverbs, one at a time for all peers): keep it short; while it runs,
   // the later notifications, and their writers, wait. Returns once no call
-  // of the handler it replaces is under way on another thread, so what that
-  // handler uses may go then (a handler may replace itself); do not call it
-  // holding what a running handler waits for.
+  // of the handler it replaces is under way, so what that handler uses may
+  // go then; do not call it holding what a running handler waits for.
+  // Called from a handler, or from a transfer's on_done, it returns at once
+  // (a call under way may be waiting for the caller).
   void set_notification_handler(std::function<void(const Notification&)> handler);
 
   // Stops serving and transferring: closes the listener and every
