@@ -138,26 +138,27 @@ thread_local std::vector<const NotificationQueue*> handlers_calling;
 void NotificationQueue::call_handler(std::unique_lock<std::mutex>& lock, const Notification& n) {
   std::shared_ptr<Handler> handler = handler_;
   handlers_calling.push_back(this);  // before the count: nothing to undo if it throws
-  ++handler->calls;
+  handler->calls.fetch_add(1);
   lock.unlock();
   struct Calling {  // counts the call as ended however it ends
     NotificationQueue& queue;
     Handler& handler;
     ~Calling() {
       handlers_calling.pop_back();
-      {
-        std::lock_guard relock(queue.mu_);
-        --handler.calls;
+      // Pairs with set_handler's store of `replaced` and load of `calls`
+      // (both sequentially consistent): one of the two sees the other.
+      if (handler.calls.fetch_sub(1) == 1 && handler.replaced.load()) {
+        { std::lock_guard relock(queue.mu_); }  // the waiter is asleep, or sees calls == 0
+        queue.handler_done_.notify_all();
       }
-      queue.handler_done_.notify_all();
     }
   };
   {
     Calling calling{*this, *handler};
     handler->call(n);
   }
-  handler.reset();  // without mu_: a replaced handler's captures may call back in
-  lock.lock();
+  // `handler` goes here, without mu_: a replaced handler's captures may
+  // call back in.
 }
 
 void NotificationQueue::set_handler(std::function<void(const Notification&)> handler) {
@@ -170,10 +171,13 @@ void NotificationQueue::set_handler(std::function<void(const Notification&)> han
   {
     std::unique_lock lock(mu_);
     replaced = std::move(handler_);
-    if (handler) handler_ = std::make_shared<Handler>(Handler{std::move(handler)});
+    if (handler) handler_ = std::make_shared<Handler>(std::move(handler));
     has_handler_.store(handler_ != nullptr, std::memory_order_relaxed);
     cv_.notify_all();
-    if (replaced && may_wait) handler_done_.wait(lock, [&] { return replaced->calls == 0; });
+    if (replaced && may_wait) {
+      replaced->replaced.store(true);
+      handler_done_.wait(lock, [&] { return replaced->calls.load() == 0; });
+    }
   }
   // `replaced` (what it captured) goes here, without mu_, unless a call
   // under way still holds it.

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 #include "rdmabuf/backend.h"
 #include "rdmabuf/endpoint.h"
@@ -64,18 +65,19 @@ class NotificationQueue {
   void close();
 
  private:
-  // A handler, and its calls under way (guarded by mu_).
+  // A handler, and its calls under way.
   struct Handler {
-    std::function<void(const Notification&)> call;
-    int calls = 0;
+    explicit Handler(std::function<void(const Notification&)> f) : call(std::move(f)) {}
+    const std::function<void(const Notification&)> call;
+    std::atomic<int> calls{0};          // under way
+    std::atomic<bool> replaced{false};  // set_handler waits for calls to end
   };
 
   // Appends `n` and wakes the waiters (mu_ held).
   void enqueue(const Notification& n);
   // Calls the handler with `n` without mu_ (it may call back into the
-  // manager), counted in its calls; `lock` holds mu_ before and after (not
-  // when the handler throws). The last reference to a handler replaced
-  // meanwhile goes without mu_.
+  // manager), counted in its calls; `lock` holds mu_ before, and not after.
+  // The last reference to a handler replaced meanwhile goes without mu_.
   void call_handler(std::unique_lock<std::mutex>& lock, const Notification& n);
 
   std::mutex mu_;
