@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/event_loop.h"
@@ -141,20 +142,21 @@ void NotificationQueue::call_handler(std::unique_lock<std::mutex>& lock, const N
   handler->calls.fetch_add(1);
   lock.unlock();
   struct Calling {  // counts the call as ended however it ends
-    NotificationQueue& queue;
     Handler& handler;
     ~Calling() {
       handlers_calling.pop_back();
       // Pairs with set_handler's store of `replaced` and load of `calls`
       // (both sequentially consistent): one of the two sees the other.
+      // Only the handler is touched from here (this call holds it): the
+      // queue may go as soon as its set_handler sees no call.
       if (handler.calls.fetch_sub(1) == 1 && handler.replaced.load()) {
-        { std::lock_guard relock(queue.mu_); }  // the waiter is asleep, or sees calls == 0
-        queue.handler_done_.notify_all();
+        std::lock_guard relock(handler.ended_mu);  // the waiter is asleep, or sees calls == 0
+        handler.ended.notify_all();
       }
     }
   };
   {
-    Calling calling{*this, *handler};
+    Calling calling{*handler};
     handler->call(n);
   }
   // `handler` goes here, without mu_: a replaced handler's captures may
@@ -167,17 +169,19 @@ void NotificationQueue::set_handler(std::function<void(const Notification&)> han
   const bool may_wait =
       std::find(handlers_calling.begin(), handlers_calling.end(), this) == handlers_calling.end() &&
       !EventLoop::on_a_loop_thread();
+  std::shared_ptr<Handler> replacing =
+      handler ? std::make_shared<Handler>(std::move(handler)) : nullptr;
   std::shared_ptr<Handler> replaced;
   {
     std::unique_lock lock(mu_);
-    replaced = std::move(handler_);
-    if (handler) handler_ = std::make_shared<Handler>(std::move(handler));
+    replaced = std::exchange(handler_, std::move(replacing));
     has_handler_.store(handler_ != nullptr, std::memory_order_relaxed);
     cv_.notify_all();
-    if (replaced && may_wait) {
-      replaced->replaced.store(true);
-      handler_done_.wait(lock, [&] { return replaced->calls.load() == 0; });
-    }
+  }
+  if (replaced && may_wait) {
+    replaced->replaced.store(true);
+    std::unique_lock lock(replaced->ended_mu);
+    replaced->ended.wait(lock, [&] { return replaced->calls.load() == 0; });
   }
   // `replaced` (what it captured) goes here, without mu_, unless a call
   // under way still holds it.

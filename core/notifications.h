@@ -71,6 +71,8 @@ class NotificationQueue {
     const std::function<void(const Notification&)> call;
     std::atomic<int> calls{0};          // under way
     std::atomic<bool> replaced{false};  // set_handler waits for calls to end
+    std::mutex ended_mu;                // for `ended`
+    std::condition_variable ended;      // calls became 0 after `replaced`
   };
 
   // Appends `n` and wakes the waiters (mu_ held).
@@ -85,7 +87,6 @@ class NotificationQueue {
   std::deque<Notification> queue_;
   std::atomic<size_t> queued_{0};         // queue_.size(), for a waiter that spins
   std::shared_ptr<Handler> handler_;      // null: none; calls under way keep theirs
-  std::condition_variable handler_done_;  // a call of a handler returned
   std::atomic<bool> has_handler_{false};  // handler_ is set: a waiter does not look
   bool closed_ = false;
 };
