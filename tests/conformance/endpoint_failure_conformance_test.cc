@@ -19,8 +19,6 @@
 namespace rdmabuf::conformance {
 namespace {
 
-using namespace std::chrono_literals;
-
 TEST_P(ConformanceTest, EndpointPostedReceiveFailsWhenTheEndpointCloses) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,11 +20,6 @@
 
 namespace rdmabuf::conformance {
 namespace {
-
-using namespace std::chrono_literals;
-using testing::fill_pattern;
-using testing::find_mismatch;
-using testing::find_not;
 
 TEST_P(ConformanceTest, EndpointPassesHandlesInOrder) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);

@@ -25,12 +25,6 @@
 namespace rdmabuf::conformance {
 namespace {
 
-using namespace std::chrono_literals;
-using testing::backend_detail;
-using testing::fill_pattern;
-using testing::find_mismatch;
-using testing::find_not;
-
 TEST_P(ConformanceTest, EndpointTaggedWriteNotifiesTheOwnerAfterTheBytesLanded) {
   auto [receiver, sender] = connect_endpoints(*owner_, *reader_);
   ASSERT_TRUE(receiver && sender);
