@@ -2,10 +2,6 @@
 // I/O threads and share their completion queues, so neither grows with the
 // owners it reads. Skips, saying why, where ibverbs is not viable
 // (scripts/softroce-vm runs these tests).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <string>
 #include <thread>
 
@@ -105,15 +101,11 @@ TEST_F(IbverbsManyOwnersTest, HandshakesBeyondTheLimitWaitForAThread) {
   ASSERT_TRUE(genuine.ok()) << genuine.status().to_string();
   // One listener that accepts (in the kernel) and never answers, and as
   // many owners there as manager ids: a pair, and a handshake, each.
-  Fd silent(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(silent.get(), reinterpret_cast<sockaddr*>(&sin), sizeof sin), 0);
-  ASSERT_EQ(::listen(silent.get(), 2 * kOwners), 0);
-  socklen_t len = sizeof sin;
-  ASSERT_EQ(::getsockname(silent.get(), reinterpret_cast<sockaddr*>(&sin), &len), 0);
-  const std::string silent_address = "127.0.0.1:" + std::to_string(ntohs(sin.sin_port));
+  auto silent = listen_tcp(HostPort{"127.0.0.1", 0}, 2 * kOwners);  // never accepts
+  ASSERT_TRUE(silent.ok()) << silent.status().to_string();
+  auto bound = local_address(silent->get());
+  ASSERT_TRUE(bound.ok()) << bound.status().to_string();
+  const std::string silent_address = bound->to_string();
   std::vector<Op> reads;
   std::vector<LocalMemory> dsts;
   for (int i = 0; i < kOwners; ++i) {
