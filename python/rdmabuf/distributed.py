@@ -172,10 +172,9 @@ def _nbytes(view: Any) -> int:
     return int(view.numel() if hasattr(view, "numel") else view.nbytes)
 
 
-def _overlap(a: Any, b: Any) -> bool:
-    """Whether the memory of views `a` and `b` shares a byte."""
-    a_start, a_size = _rdmabuf.local_span(a)
-    b_start, b_size = _rdmabuf.local_span(b)
+def _overlap(a: Tuple[int, int], b: Tuple[int, int]) -> bool:
+    """Whether two spans (address, bytes) from local_span share a byte."""
+    (a_start, a_size), (b_start, b_size) = a, b
     return a_size > 0 and b_size > 0 and a_start < b_start + b_size and b_start < a_start + a_size
 
 
@@ -201,6 +200,7 @@ class Window:
         self._bytes = _flat_bytes(data)
         hosts = set(_make_reachable(self._group))
         self._mine: Optional[RDMABuffer] = RDMABuffer(self._bytes)
+        self._span = _rdmabuf.local_span(self._bytes)  # where outputs must not lie
         handles = self._group.all_gather(self._mine.to_bytes())
         self._buffers: List[RDMABuffer] = [
             self._mine if r == self.rank else RDMABuffer.from_bytes(b)
@@ -383,7 +383,7 @@ class Window:
     def _output_apart(self, out: Any, what: str) -> None:
         """An output that overlaps this rank's memory would be written while
         it is read (by this rank, or by the others)."""
-        if _overlap(out, self._bytes):
+        if _overlap(_rdmabuf.local_span(out), self._span):
             raise InvalidArgumentError(
                 f"rdmabuf.distributed.{what}: output overlaps this rank's memory in the window, "
                 "which is read while output is written; give it memory of its own"
