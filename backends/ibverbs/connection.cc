@@ -55,10 +55,10 @@ Connection::~Connection() {
   // Only once the loop is done with it (it holds a reference while it may
   // run it, and while it watches the control connection): nothing polls
   // for the pair any more, if one is left.
-  join_handshaker();
+  wait_for_handshaker();
 }
 
-void Connection::join_handshaker() {
+void Connection::wait_for_handshaker() {
   std::shared_ptr<Handshake> shaking;
   {
     std::lock_guard lock(handshaker_mu_);
@@ -79,7 +79,7 @@ void Connection::enqueue(std::vector<Chunk>& chunks) {
 void Connection::stop() {
   for (Chunk& c : inbox_.stop(loop_, this))
     complete(c, Cancelled("the manager is shutting down"));
-  join_handshaker();  // the backend's stop signal ends it
+  wait_for_handshaker();  // the backend's stop signal ends it
 }
 
 bool Connection::idle() {

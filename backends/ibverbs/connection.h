@@ -214,7 +214,7 @@ class Connection final : public LoopTask,
   bool finish_handshake();
   // Waits for the handshake's job to end, if one was started (not on its
   // own thread: it ends before it lets go of the connection).
-  void join_handshaker();
+  void wait_for_handshaker();
   bool post();
   bool poll();
   bool cancel_if_needed();

@@ -114,7 +114,7 @@ bool Connection::finish_handshake() {
     std::lock_guard lock(handshake_->mu);
     if (!handshake_->done) return false;
   }
-  join_handshaker();  // it has nothing left to do
+  wait_for_handshaker();  // it has nothing left to do
   std::shared_ptr<Handshake> done = std::move(handshake_);
   const std::string where = context_.owner_address.to_string();
   Status st = done->status;
